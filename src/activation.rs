@@ -1,0 +1,88 @@
+//! FFN activation functions and how each one produces sparsity.
+//!
+//! Owns the scalar math of `h_i = act(gate_i x) * (up_i x)` (gated) or `h_i = act(up_i x)` (ungated).
+//! It must not know about storage, threads or tiers.
+
+use crate::error::{Error, Result};
+
+/// The activation of an FFN block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Activation {
+    /// `relu(g) * u` (ReluLLaMA, ProSparse) or `relu(u)` ungated (OPT). Exact zeros.
+    Relu,
+    /// `relu(g) * relu(u)` (TurboSparse / Bamboo dReLU). Gated only. Exact zeros.
+    DRelu,
+    /// `silu(g) * u` (SwiGLU: Llama, Mistral, Qwen, SmolLM). Never exactly zero.
+    Silu,
+    /// `gelu(g) * u` with the exact erf GELU (HF `gelu`). Never exactly zero.
+    Gelu,
+    /// `gelu(g) * u` with the tanh approximation (HF `gelu_pytorch_tanh`, `gelu_new`).
+    GeluTanh,
+}
+
+impl Activation {
+    /// True when inactive neurons give exact zeros, so `GateFirst` at threshold 0 is exact.
+    pub fn exact_zeros(self) -> bool {
+        matches!(self, Activation::Relu | Activation::DRelu)
+    }
+
+    /// The activation applied to one pre-activation value.
+    #[inline(always)]
+    pub fn apply(self, v: f32) -> f32 {
+        match self {
+            Activation::Relu | Activation::DRelu => v.max(0.0),
+            Activation::Silu => v / (1.0 + (-v).exp()),
+            Activation::Gelu => 0.5 * v * (1.0 + libm::erff(v * std::f32::consts::FRAC_1_SQRT_2)),
+            Activation::GeluTanh => {
+                const C: f32 = 0.797_884_6; // sqrt(2/pi)
+                0.5 * v * (1.0 + (C * (v + 0.044_715 * v * v * v)).tanh())
+            }
+        }
+    }
+
+    /// The neuron's contribution `h` from its gate and up pre-activations (gated FFN).
+    #[inline(always)]
+    pub fn gated(self, g: f32, u: f32) -> f32 {
+        match self {
+            Activation::DRelu => g.max(0.0) * u.max(0.0),
+            _ => self.apply(g) * u,
+        }
+    }
+
+    /// The neuron's contribution `h` from its up pre-activation (ungated FFN).
+    #[inline(always)]
+    pub fn ungated(self, u: f32) -> f32 {
+        self.apply(u)
+    }
+
+    /// The same activation as candle-nn names it, for the dense reference.
+    pub fn to_candle(self) -> candle_nn::Activation {
+        match self {
+            Activation::Relu | Activation::DRelu => candle_nn::Activation::Relu,
+            Activation::Silu => candle_nn::Activation::Silu,
+            Activation::Gelu => candle_nn::Activation::Gelu,
+            Activation::GeluTanh => candle_nn::Activation::GeluPytorchTanh,
+        }
+    }
+}
+
+impl TryFrom<candle_nn::Activation> for Activation {
+    type Error = Error;
+
+    /// Maps the activations a llama/OPT-family config names; others are a typed error.
+    fn try_from(a: candle_nn::Activation) -> Result<Self> {
+        match a {
+            candle_nn::Activation::Relu => Ok(Activation::Relu),
+            candle_nn::Activation::Silu => Ok(Activation::Silu),
+            candle_nn::Activation::Gelu => Ok(Activation::Gelu),
+            candle_nn::Activation::NewGelu | candle_nn::Activation::GeluPytorchTanh => {
+                Ok(Activation::GeluTanh)
+            }
+            other => Err(Error::config(
+                "activation",
+                format!("{other:?} is not supported by the sparse FFN"),
+            )),
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The kernel table: one set of row kernels per SIMD tier, chosen at run time.
+//!
+//! The portable table is always available; each tier the CPU supports can replace it. The choice
+//! is made once per [`Kernels`] value (by detection, by `POWERINFER_CPU`, or explicitly in tests),
+//! so every tier can be exercised on a machine that has it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::{bf16, f16};
+
+use super::simd::{self, Scalar};
+use crate::error::{Error, Result};
+
+/// A SIMD tier of the CPU kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CpuTier {
+    /// Plain Rust, one lane. Always available.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C, 8 lanes.
+    Avx2,
+    /// x86-64 AVX-512F, 16 lanes.
+    Avx512,
+    /// aarch64 NEON, 4 lanes.
+    Neon,
+}
+
+/// The environment variable that forces a tier (`scalar`, `avx2`, `avx512`, `neon`).
+pub const CPU_TIER_ENV: &str = "POWERINFER_CPU";
+
+impl CpuTier {
+    /// Every tier, best last.
+    pub const ALL: [CpuTier; 4] = [CpuTier::Scalar, CpuTier::Neon, CpuTier::Avx2, CpuTier::Avx512];
+
+    /// True when this CPU can run the tier.
+    pub fn is_supported(self) -> bool {
+        match self {
+            CpuTier::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            CpuTier::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            CpuTier::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "aarch64")]
+            CpuTier::Neon => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The tiers this CPU supports, best last.
+    pub fn supported() -> Vec<CpuTier> {
+        Self::ALL.into_iter().filter(|t| t.is_supported()).collect()
+    }
+
+    /// The best supported tier.
+    pub fn best() -> CpuTier {
+        Self::supported().pop().unwrap_or(CpuTier::Scalar)
+    }
+
+    /// The tier named by `POWERINFER_CPU`, if set; a typed error when it names an unknown tier or
+    /// one this CPU lacks.
+    pub fn from_env() -> Result<Option<CpuTier>> {
+        match std::env::var(CPU_TIER_ENV) {
+            Ok(s) if !s.is_empty() => {
+                let t: CpuTier = s.parse()?;
+                if !t.is_supported() {
+                    return Err(Error::config(
+                        CPU_TIER_ENV,
+                        format!("tier `{t}` is not supported by this CPU"),
+                    ));
+                }
+                Ok(Some(t))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+impl fmt::Display for CpuTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CpuTier::Scalar => "scalar",
+            CpuTier::Avx2 => "avx2",
+            CpuTier::Avx512 => "avx512",
+            CpuTier::Neon => "neon",
+        })
+    }
+}
+
+impl FromStr for CpuTier {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "scalar" => Ok(CpuTier::Scalar),
+            "avx2" => Ok(CpuTier::Avx2),
+            "avx512" => Ok(CpuTier::Avx512),
+            "neon" => Ok(CpuTier::Neon),
+            _ => Err(Error::config(
+                CPU_TIER_ENV,
+                format!("unknown tier `{s}` (scalar, avx2, avx512, neon)"),
+            )),
+        }
+    }
+}
+
+type DotFn<E> = fn(&[E], &[f32]) -> f32;
+type AxpyFn<E> = fn(&mut [f32], f32, &[E]);
+
+/// Row kernels of one tier. Lengths: both operands are cut to the shorter one.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    tier: CpuTier,
+    dot_f32: DotFn<f32>,
+    dot_f16: DotFn<f16>,
+    dot_bf16: DotFn<bf16>,
+    axpy_f32: AxpyFn<f32>,
+    axpy_f16: AxpyFn<f16>,
+    axpy_bf16: AxpyFn<bf16>,
+}
+
+impl fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kernels").field("tier", &self.tier).finish()
+    }
+}
+
+/// Builds a table from a `Simd` type behind a `#[target_feature]` wrapper per kernel.
+macro_rules! table {
+    ($tier:expr, $S:ty, $feat:literal) => {{
+        #[target_feature(enable = $feat)]
+        unsafe fn dot<E: simd::Elem>(w: &[E], x: &[f32]) -> f32 {
+            // SAFETY: only reachable through a table built after detecting these features.
+            unsafe { simd::dot::<$S, E>(w, x) }
+        }
+        #[target_feature(enable = $feat)]
+        unsafe fn axpy<E: simd::Elem>(y: &mut [f32], a: f32, w: &[E]) {
+            // SAFETY: only reachable through a table built after detecting these features.
+            unsafe { simd::axpy::<$S, E>(y, a, w) }
+        }
+        Kernels {
+            tier: $tier,
+            // SAFETY (all six): `Kernels::new` builds this table only when `is_supported()`.
+            dot_f32: |w, x| unsafe { dot::<f32>(w, x) },
+            dot_f16: |w, x| unsafe { dot::<f16>(w, x) },
+            dot_bf16: |w, x| unsafe { dot::<bf16>(w, x) },
+            axpy_f32: |y, a, w| unsafe { axpy::<f32>(y, a, w) },
+            axpy_f16: |y, a, w| unsafe { axpy::<f16>(y, a, w) },
+            axpy_bf16: |y, a, w| unsafe { axpy::<bf16>(y, a, w) },
+        }
+    }};
+}
+
+impl Kernels {
+    /// The table for `tier`, or a typed error if this CPU cannot run it.
+    pub fn new(tier: CpuTier) -> Result<Kernels> {
+        if !tier.is_supported() {
+            return Err(Error::config(
+                "cpu_tier",
+                format!("tier `{tier}` is not supported by this CPU"),
+            ));
+        }
+        Ok(match tier {
+            #[cfg(target_arch = "x86_64")]
+            CpuTier::Avx2 => table!(CpuTier::Avx2, super::x86::Avx2, "avx2,fma,f16c"),
+            #[cfg(target_arch = "x86_64")]
+            CpuTier::Avx512 => table!(CpuTier::Avx512, super::x86::Avx512, "avx512f"),
+            #[cfg(target_arch = "aarch64")]
+            CpuTier::Neon => table!(CpuTier::Neon, super::neon::Neon, "neon"),
+            _ => Kernels::scalar(),
+        })
+    }
+
+    fn scalar() -> Kernels {
+        Kernels {
+            tier: CpuTier::Scalar,
+            // SAFETY (all six): the scalar tier needs no CPU feature.
+            dot_f32: |w, x| unsafe { simd::dot::<Scalar, f32>(w, x) },
+            dot_f16: |w, x| unsafe { simd::dot::<Scalar, f16>(w, x) },
+            dot_bf16: |w, x| unsafe { simd::dot::<Scalar, bf16>(w, x) },
+            axpy_f32: |y, a, w| unsafe { simd::axpy::<Scalar, f32>(y, a, w) },
+            axpy_f16: |y, a, w| unsafe { simd::axpy::<Scalar, f16>(y, a, w) },
+            axpy_bf16: |y, a, w| unsafe { simd::axpy::<Scalar, bf16>(y, a, w) },
+        }
+    }
+
+    /// `POWERINFER_CPU` if set, else the best detected tier.
+    pub fn detect() -> Result<Kernels> {
+        Kernels::new(CpuTier::from_env()?.unwrap_or_else(CpuTier::best))
+    }
+
+    /// The tier of this table.
+    pub fn tier(&self) -> CpuTier {
+        self.tier
+    }
+
+    /// `sum_i w[i] * x[i]` for an f32 row.
+    pub fn dot_f32(&self, w: &[f32], x: &[f32]) -> f32 {
+        (self.dot_f32)(w, x)
+    }
+
+    /// `y += a * w` for an f32 row.
+    pub fn axpy_f32(&self, y: &mut [f32], a: f32, w: &[f32]) {
+        (self.axpy_f32)(y, a, w)
+    }
+
+    /// `sum_i w[i] * x[i]` for an f16 row.
+    pub fn dot_f16(&self, w: &[f16], x: &[f32]) -> f32 {
+        (self.dot_f16)(w, x)
+    }
+
+    /// `sum_i w[i] * x[i]` for a bf16 row.
+    pub fn dot_bf16(&self, w: &[bf16], x: &[f32]) -> f32 {
+        (self.dot_bf16)(w, x)
+    }
+
+    /// `y += a * w` for an f16 row.
+    pub fn axpy_f16(&self, y: &mut [f32], a: f32, w: &[f16]) {
+        (self.axpy_f16)(y, a, w)
+    }
+
+    /// `y += a * w` for a bf16 row.
+    pub fn axpy_bf16(&self, y: &mut [f32], a: f32, w: &[bf16]) {
+        (self.axpy_bf16)(y, a, w)
+    }
+
+    /// The dot kernel for storage element `E`.
+    pub(crate) fn dot<E: RowElem>(&self) -> DotFn<E> {
+        E::dot(self)
+    }
+
+    /// The axpy kernel for storage element `E`.
+    pub(crate) fn axpy<E: RowElem>(&self) -> AxpyFn<E> {
+        E::axpy(self)
+    }
+}
+
+/// Storage elements with kernels in every table.
+pub(crate) trait RowElem: simd::Elem + Send + Sync + 'static {
+    fn dot(k: &Kernels) -> DotFn<Self>;
+    fn axpy(k: &Kernels) -> AxpyFn<Self>;
+}
+
+macro_rules! row_elem {
+    ($t:ty, $dot:ident, $axpy:ident) => {
+        impl RowElem for $t {
+            fn dot(k: &Kernels) -> DotFn<Self> {
+                k.$dot
+            }
+            fn axpy(k: &Kernels) -> AxpyFn<Self> {
+                k.$axpy
+            }
+        }
+    };
+}
+row_elem!(f32, dot_f32, axpy_f32);
+row_elem!(f16, dot_f16, axpy_f16);
+row_elem!(bf16, dot_bf16, axpy_bf16);

@@ -1,0 +1,214 @@
+//! The engine's error type: one [`Error`] carrying a matchable [`ErrorKind`].
+//!
+//! Every failure names what was wrong (the tensor, the shape, the neuron, the layer) so a caller can
+//! act on it. The engine never panics on bad input; it returns one of these.
+
+use std::fmt;
+
+/// Shorthand for `std::result::Result<T, powerinfer::Error>`.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// An error from the engine. Match on [`Error::kind`].
+#[derive(Debug)]
+pub struct Error {
+    kind: ErrorKind,
+}
+
+/// What went wrong, with the names and numbers needed to find it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A tensor had the wrong shape.
+    Shape {
+        /// Which tensor (e.g. `"gate_proj.weight"`, `"input"`).
+        tensor: String,
+        /// The expected shape (`None` for "any size" in that dimension).
+        expected: Vec<Option<usize>>,
+        /// The shape that was given.
+        got: Vec<usize>,
+    },
+    /// A tensor had a dtype the engine cannot use there.
+    DType {
+        /// Which tensor.
+        tensor: String,
+        /// The dtype that was given.
+        got: candle_core::DType,
+    },
+    /// A tensor lives on a device this path does not serve.
+    Device {
+        /// Which tensor.
+        tensor: String,
+        /// The device it lives on, as candle prints it.
+        got: String,
+    },
+    /// A tensor holds a NaN or an infinity.
+    NonFinite {
+        /// Which tensor.
+        tensor: String,
+        /// Flat index of the first non-finite element.
+        index: usize,
+    },
+    /// A neuron index is not below the layer's intermediate size.
+    NeuronOutOfRange {
+        /// The layer (`None` where the context has no layer, e.g. a single FFN).
+        layer: Option<usize>,
+        /// The offending index.
+        neuron: usize,
+        /// The layer's intermediate size.
+        intermediate: usize,
+    },
+    /// A neuron index appears twice where a set is required.
+    DuplicateNeuron {
+        /// The layer, where known.
+        layer: Option<usize>,
+        /// The repeated index.
+        neuron: usize,
+    },
+    /// A byte budget the planner cannot use (zero, or smaller than any neuron).
+    Budget {
+        /// The budget given, in bytes.
+        budget: u64,
+        /// Why it is unusable.
+        reason: String,
+    },
+    /// Per-layer inputs disagree on the number of layers or neurons.
+    LayerCount {
+        /// What was being compared.
+        what: String,
+        /// Expected count.
+        expected: usize,
+        /// Count given.
+        got: usize,
+    },
+    /// A configuration value is outside its domain (names the setting).
+    Config {
+        /// The setting.
+        setting: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// A weight tensor the loader needs is missing.
+    MissingTensor {
+        /// The full tensor name that was looked up.
+        name: String,
+    },
+    /// An error from candle while reading or building tensors.
+    Candle(candle_core::Error),
+}
+
+impl Error {
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+
+    pub(crate) fn shape(tensor: &str, expected: &[Option<usize>], got: &[usize]) -> Self {
+        ErrorKind::Shape {
+            tensor: tensor.to_string(),
+            expected: expected.to_vec(),
+            got: got.to_vec(),
+        }
+        .into()
+    }
+
+    pub(crate) fn config(setting: &str, reason: impl Into<String>) -> Self {
+        ErrorKind::Config {
+            setting: setting.to_string(),
+            reason: reason.into(),
+        }
+        .into()
+    }
+
+    pub(crate) fn non_finite(tensor: &str, index: usize) -> Self {
+        ErrorKind::NonFinite {
+            tensor: tensor.to_string(),
+            index,
+        }
+        .into()
+    }
+}
+
+impl From<ErrorKind> for Error {
+    fn from(kind: ErrorKind) -> Self {
+        Error { kind }
+    }
+}
+
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Self {
+        ErrorKind::Candle(e).into()
+    }
+}
+
+/// Lets `?` carry an engine error through `candle_core::Module::forward`.
+impl From<Error> for candle_core::Error {
+    fn from(e: Error) -> Self {
+        candle_core::Error::wrap(e)
+    }
+}
+
+fn dims(d: &[Option<usize>]) -> String {
+    let parts: Vec<String> = d
+        .iter()
+        .map(|x| x.map_or_else(|| "_".to_string(), |v| v.to_string()))
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let layer = |l: &Option<usize>| l.map_or_else(String::new, |l| format!("layer {l}: "));
+        match &self.kind {
+            ErrorKind::Shape {
+                tensor,
+                expected,
+                got,
+            } => write!(
+                f,
+                "tensor `{tensor}` has shape {got:?}, expected {}",
+                dims(expected)
+            ),
+            ErrorKind::DType { tensor, got } => {
+                write!(f, "tensor `{tensor}` has unsupported dtype {got:?}")
+            }
+            ErrorKind::Device { tensor, got } => {
+                write!(f, "tensor `{tensor}` is on {got}, this path needs the CPU")
+            }
+            ErrorKind::NonFinite { tensor, index } => {
+                write!(f, "tensor `{tensor}` has a NaN or infinity at flat index {index}")
+            }
+            ErrorKind::NeuronOutOfRange {
+                layer: l,
+                neuron,
+                intermediate,
+            } => write!(
+                f,
+                "{}neuron index {neuron} out of range (intermediate size {intermediate})",
+                layer(l)
+            ),
+            ErrorKind::DuplicateNeuron { layer: l, neuron } => {
+                write!(f, "{}neuron index {neuron} given twice", layer(l))
+            }
+            ErrorKind::Budget { budget, reason } => {
+                write!(f, "byte budget {budget} is unusable: {reason}")
+            }
+            ErrorKind::LayerCount {
+                what,
+                expected,
+                got,
+            } => write!(f, "{what}: expected {expected}, got {got}"),
+            ErrorKind::Config { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
+            ErrorKind::MissingTensor { name } => write!(f, "missing tensor `{name}`"),
+            ErrorKind::Candle(e) => write!(f, "candle: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            ErrorKind::Candle(e) => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! FFN description, neuron-major weight bundles, and the dense reference forward.
+//!
+//! Owns the one conversion from the usual `[out, in]` linear weights to the neuron-major layout in
+//! which a sparse step reads only the bytes it uses: for neuron `i`, the gate row, the up row and
+//! the down column (row `i` of `down^T`) sit next to each other. It must not compute anything on the
+//! hot path; kernels live in `cpu`.
+
+use candle_core::{DType, Tensor, WithDType};
+use half::{bf16, f16};
+
+use crate::activation::Activation;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Shape and kind of one FFN block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FfnSpec {
+    /// Model (hidden) size: the length of the input and output rows.
+    pub hidden: usize,
+    /// Number of FFN neurons (intermediate size).
+    pub intermediate: usize,
+    /// The activation.
+    pub activation: Activation,
+    /// `down(act(gate x) * up x)` when true, `down(act(up x))` when false.
+    pub gated: bool,
+}
+
+impl FfnSpec {
+    /// A checked spec: both sizes at least 1, dReLU only gated.
+    pub fn new(hidden: usize, intermediate: usize, activation: Activation, gated: bool) -> Result<Self> {
+        if hidden == 0 {
+            return Err(Error::config("hidden", "must be at least 1"));
+        }
+        if intermediate == 0 {
+            return Err(Error::config("intermediate", "must be at least 1"));
+        }
+        if activation == Activation::DRelu && !gated {
+            return Err(Error::config("activation", "dReLU needs a gated FFN"));
+        }
+        Ok(FfnSpec {
+            hidden,
+            intermediate,
+            activation,
+            gated,
+        })
+    }
+
+    /// Rows stored per neuron: gate, up, down (3) or up, down (2).
+    pub fn rows_per_neuron(&self) -> usize {
+        if self.gated {
+            3
+        } else {
+            2
+        }
+    }
+
+    /// Bytes of one neuron's weights in `dtype` (what placing it in a tier costs).
+    pub fn neuron_bytes(&self, dtype: WeightDType) -> usize {
+        self.rows_per_neuron() * self.hidden * dtype.size()
+    }
+}
+
+/// Storage dtype of the neuron-major weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightDType {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl WeightDType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            WeightDType::F32 => 4,
+            WeightDType::F16 | WeightDType::BF16 => 2,
+        }
+    }
+
+    /// The matching candle dtype.
+    pub fn to_candle(self) -> DType {
+        match self {
+            WeightDType::F32 => DType::F32,
+            WeightDType::F16 => DType::F16,
+            WeightDType::BF16 => DType::BF16,
+        }
+    }
+
+    /// The storage dtype for a candle dtype, or a typed error naming `tensor`.
+    pub fn from_candle(dtype: DType, tensor: &str) -> Result<Self> {
+        match dtype {
+            DType::F32 => Ok(WeightDType::F32),
+            DType::F16 => Ok(WeightDType::F16),
+            DType::BF16 => Ok(WeightDType::BF16),
+            got => Err(ErrorKind::DType {
+                tensor: tensor.to_string(),
+                got,
+            }
+            .into()),
+        }
+    }
+}
+
+/// Neuron-major weights in one of the storage dtypes.
+#[derive(Debug, Clone)]
+pub(crate) enum BundleData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+/// The FFN weights of one layer, neuron-major: neuron `i` owns the contiguous slice
+/// `[gate_i | up_i | down^T_i]` (or `[up_i | down^T_i]` ungated), each `hidden` long.
+///
+/// Built once at load; the `[out, in]` source tensors can be dropped afterwards, so the weights are
+/// held once.
+#[derive(Debug, Clone)]
+pub struct NeuronBundles {
+    spec: FfnSpec,
+    pub(crate) data: BundleData,
+    /// Per-neuron gate bias (gated FFNs with biases).
+    pub(crate) gate_bias: Option<Vec<f32>>,
+    /// Per-neuron up (or `fc1`) bias.
+    pub(crate) up_bias: Option<Vec<f32>>,
+    /// Output (down or `fc2`) bias, `hidden` long.
+    pub(crate) down_bias: Option<Vec<f32>>,
+}
+
+/// The source tensors of one FFN in the usual linear layout (`weight` is `[out, in]`).
+#[derive(Debug, Clone, Copy)]
+pub struct FfnWeights<'a> {
+    /// `[intermediate, hidden]`; `None` for ungated FFNs.
+    pub gate: Option<&'a Tensor>,
+    /// `[intermediate, hidden]` (`fc1` for ungated models).
+    pub up: &'a Tensor,
+    /// `[hidden, intermediate]` (`fc2` for ungated models).
+    pub down: &'a Tensor,
+    /// `[intermediate]`.
+    pub gate_bias: Option<&'a Tensor>,
+    /// `[intermediate]`.
+    pub up_bias: Option<&'a Tensor>,
+    /// `[hidden]`.
+    pub down_bias: Option<&'a Tensor>,
+}
+
+impl<'a> FfnWeights<'a> {
+    /// Gated weights without biases (Llama, Mistral, Qwen, SmolLM).
+    pub fn gated(gate: &'a Tensor, up: &'a Tensor, down: &'a Tensor) -> Self {
+        FfnWeights {
+            gate: Some(gate),
+            up,
+            down,
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        }
+    }
+
+    /// Ungated weights without biases: `fc1` is `up`, `fc2` is `down`.
+    pub fn ungated(fc1: &'a Tensor, fc2: &'a Tensor) -> Self {
+        FfnWeights {
+            gate: None,
+            up: fc1,
+            down: fc2,
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        }
+    }
+}
+
+fn check_shape(t: &Tensor, name: &str, expected: &[usize]) -> Result<()> {
+    if t.dims() != expected {
+        let exp: Vec<Option<usize>> = expected.iter().map(|&d| Some(d)).collect();
+        return Err(Error::shape(name, &exp, t.dims()));
+    }
+    Ok(())
+}
+
+/// All of `t` as a flat f32 vector, checked finite.
+fn finite_f32(t: &Tensor, name: &str) -> Result<Vec<f32>> {
+    WeightDType::from_candle(t.dtype(), name)?;
+    let v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        return Err(Error::non_finite(name, i));
+    }
+    Ok(v)
+}
+
+fn bias(t: Option<&Tensor>, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+    t.map(|t| {
+        check_shape(t, name, &[len])?;
+        finite_f32(t, name)
+    })
+    .transpose()
+}
+
+impl NeuronBundles {
+    /// Converts `[out, in]` weights into neuron-major bundles stored as `dtype`.
+    ///
+    /// Checks every shape against `spec`, the dtypes (f32, f16, bf16) and that all values are
+    /// finite; the error names the offending tensor.
+    pub fn from_weights(spec: FfnSpec, w: FfnWeights<'_>, dtype: WeightDType) -> Result<Self> {
+        let (h, n) = (spec.hidden, spec.intermediate);
+        match (spec.gated, w.gate) {
+            (true, None) => {
+                return Err(ErrorKind::MissingTensor {
+                    name: "gate_proj.weight".into(),
+                }
+                .into())
+            }
+            (false, Some(_)) => {
+                return Err(Error::config(
+                    "gated",
+                    "spec is ungated but a gate tensor was given",
+                ))
+            }
+            _ => {}
+        }
+        let mut sources: Vec<(&Tensor, &str)> = Vec::with_capacity(3);
+        if let Some(g) = w.gate {
+            check_shape(g, "gate_proj.weight", &[n, h])?;
+            sources.push((g, "gate_proj.weight"));
+        }
+        check_shape(w.up, "up_proj.weight", &[n, h])?;
+        check_shape(w.down, "down_proj.weight", &[h, n])?;
+        sources.push((w.up, "up_proj.weight"));
+        let down_t = w.down.t()?.contiguous()?;
+        sources.push((&down_t, "down_proj.weight"));
+
+        let data = match dtype {
+            WeightDType::F32 => BundleData::F32(interleave::<f32>(&spec, &sources)?),
+            WeightDType::F16 => BundleData::F16(interleave::<f16>(&spec, &sources)?),
+            WeightDType::BF16 => BundleData::BF16(interleave::<bf16>(&spec, &sources)?),
+        };
+        Ok(NeuronBundles {
+            spec,
+            data,
+            gate_bias: bias(w.gate_bias, "gate_proj.bias", n)?,
+            up_bias: bias(w.up_bias, "up_proj.bias", n)?,
+            down_bias: bias(w.down_bias, "down_proj.bias", h)?,
+        })
+    }
+
+    /// The spec these weights were built for.
+    pub fn spec(&self) -> &FfnSpec {
+        &self.spec
+    }
+
+    /// The storage dtype.
+    pub fn dtype(&self) -> WeightDType {
+        match self.data {
+            BundleData::F32(_) => WeightDType::F32,
+            BundleData::F16(_) => WeightDType::F16,
+            BundleData::BF16(_) => WeightDType::BF16,
+        }
+    }
+
+    /// Bytes held by the weights and biases.
+    pub fn weight_bytes(&self) -> usize {
+        let n = self.spec.intermediate * self.spec.neuron_bytes(self.dtype());
+        let b = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, |v| v.len() * 4);
+        n + b(&self.gate_bias) + b(&self.up_bias) + b(&self.down_bias)
+    }
+
+    /// The weights back in the usual layout, as f32 tensors `(gate, up, down)` (`gate` is `None`
+    /// ungated). For tests and references; allocates a full copy.
+    pub fn to_dense_f32(&self) -> Result<(Option<Tensor>, Tensor, Tensor)> {
+        let s = &self.spec;
+        let (h, n, r) = (s.hidden, s.intermediate, s.rows_per_neuron());
+        let all: Vec<f32> = match &self.data {
+            BundleData::F32(v) => v.clone(),
+            BundleData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            BundleData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        };
+        let dev = candle_core::Device::Cpu;
+        let t = Tensor::from_vec(all, (n, r, h), &dev)?;
+        let gate = if s.gated {
+            Some(t.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?)
+        } else {
+            None
+        };
+        let up = t.narrow(1, r - 2, 1)?.squeeze(1)?.contiguous()?;
+        let down = t.narrow(1, r - 1, 1)?.squeeze(1)?.t()?.contiguous()?;
+        Ok((gate, up, down))
+    }
+}
+
+/// Reads the sources (each `[intermediate, hidden]`, in bundle order) into one neuron-major vector.
+fn interleave<T: WithDType>(spec: &FfnSpec, sources: &[(&Tensor, &str)]) -> Result<Vec<T>> {
+    let (h, n, r) = (spec.hidden, spec.intermediate, sources.len());
+    let mut out = vec![T::zero(); n * r * h];
+    for (k, (t, name)) in sources.iter().enumerate() {
+        let v = finite_f32(t, name)?;
+        for i in 0..n {
+            let dst = &mut out[(i * r + k) * h..(i * r + k + 1) * h];
+            for (d, s) in dst.iter_mut().zip(&v[i * h..(i + 1) * h]) {
+                *d = T::from_f64(*s as f64);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The dense FFN written with candle ops: the oracle every fast path is tested against.
+///
+/// `x` is `[.., hidden]`; weights as in [`FfnWeights`]. Computes in the tensors' own dtype.
+pub fn dense_reference(x: &Tensor, spec: &FfnSpec, w: FfnWeights<'_>) -> candle_core::Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let rows = x.elem_count() / spec.hidden.max(1);
+    let x2 = x.reshape((rows, spec.hidden))?;
+    let lin = |w: &Tensor, b: Option<&Tensor>| -> candle_core::Result<Tensor> {
+        let y = x2.matmul(&w.t()?)?;
+        match b {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    };
+    let up = lin(w.up, w.up_bias)?;
+    let h = match w.gate {
+        Some(g) => {
+            let g = lin(g, w.gate_bias)?;
+            match spec.activation {
+                Activation::DRelu => (g.relu()? * up.relu()?)?,
+                a => (g.apply(&a.to_candle())? * up)?,
+            }
+        }
+        None => up.apply(&spec.activation.to_candle())?,
+    };
+    let mut y = h.matmul(&w.down.t()?)?;
+    if let Some(b) = w.down_bias {
+        y = y.broadcast_add(b)?;
+    }
+    let mut out_dims = dims;
+    if let Some(last) = out_dims.last_mut() {
+        *last = spec.hidden;
+    }
+    y.reshape(out_dims)
+}

@@ -1,0 +1,424 @@
+//! `HybridFfn`: the drop-in sparse FFN block, a `candle_core::Module`.
+//!
+//! Per call: predictor -> active set -> split by placement into hot (fast tier) and cold (CPU)
+//! -> both tiers -> partial outputs summed in a fixed order (bias, hot, cold). Without a GPU both
+//! tiers run through the same CPU kernels, so splitting and merging are exercised everywhere.
+//! Scratch buffers live in the block and are reused: no heap allocation and no thread spawn per
+//! token inside [`HybridFfn::forward_f32`] once the largest batch has been seen.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device, Module, Storage, Tensor};
+use candle_nn::VarBuilder;
+use half::{bf16, f16};
+
+use crate::cpu::{share, CpuTier, Kernels, Pool, SparseJob, ThreadScratch};
+use crate::error::{Error, ErrorKind, Result};
+use crate::ffn::{FfnSpec, FfnWeights, NeuronBundles, WeightDType};
+use crate::place::LayerPlacement;
+use crate::predict::{ActiveSet, All, PredictInput, Predictor};
+use crate::profile::ActivationStats;
+
+/// What to do when a call carries many rows at once (prompt prefill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefillPolicy {
+    /// Run the predictor on every row and compute the union of the rows' active sets once; each
+    /// row still only receives its own neurons. Output is what row-by-row decoding would give.
+    #[default]
+    Union,
+    /// From this many rows on, compute every neuron for every row (dense quality, no predictor
+    /// cost), as TEAL-style methods do for prefill. Fewer rows use `Union`.
+    DenseFrom(usize),
+}
+
+/// Construction options of a [`HybridFfn`].
+#[derive(Debug, Clone)]
+pub struct HybridOptions {
+    /// Threads of the CPU tier (the calling thread included). Layers with the same count share
+    /// one pool. Default: the machine's available parallelism.
+    pub threads: usize,
+    /// Force a SIMD tier; `None` uses `POWERINFER_CPU` or the best detected tier.
+    pub cpu_tier: Option<CpuTier>,
+    /// Many-row behaviour.
+    pub prefill: PrefillPolicy,
+    /// Layer index, used in error messages.
+    pub layer: Option<usize>,
+}
+
+impl Default for HybridOptions {
+    fn default() -> Self {
+        HybridOptions {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_tier: None,
+            prefill: PrefillPolicy::Union,
+            layer: None,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Scratch {
+    x: Vec<f32>,
+    set: ActiveSet,
+    hot: Vec<u32>,
+    cold: Vec<u32>,
+    threads: Vec<ThreadScratch>,
+}
+
+/// An activation-sparse FFN block with hot/cold neuron placement.
+///
+/// Swap it in for a model's MLP: it implements [`candle_core::Module`] on `[.., hidden]` CPU
+/// tensors of f32, f16 or bf16 and returns the same shape and dtype.
+pub struct HybridFfn {
+    bundles: NeuronBundles,
+    predictor: Box<dyn Predictor>,
+    placement: LayerPlacement,
+    prefill: PrefillPolicy,
+    layer: Option<usize>,
+    kernels: Kernels,
+    pool: Arc<Pool>,
+    force_dense: AtomicBool,
+    last_active: AtomicUsize,
+    stats_on: AtomicBool,
+    stats: Mutex<Option<ActivationStats>>,
+    scratch: Mutex<Scratch>,
+}
+
+impl std::fmt::Debug for HybridFfn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HybridFfn")
+            .field("spec", self.bundles.spec())
+            .field("dtype", &self.bundles.dtype())
+            .field("predictor", &self.predictor)
+            .field("hot", &self.placement.hot().len())
+            .field("tier", &self.kernels.tier())
+            .field("threads", &self.pool.threads())
+            .finish()
+    }
+}
+
+impl HybridFfn {
+    /// A block over `bundles` computing every neuron (`All`), every neuron on the CPU tier.
+    pub fn new(bundles: NeuronBundles, opts: HybridOptions) -> Result<Self> {
+        let kernels = match opts.cpu_tier {
+            Some(t) => Kernels::new(t)?,
+            None => Kernels::detect()?,
+        };
+        if opts.threads == 0 {
+            return Err(Error::config("threads", "must be at least 1"));
+        }
+        if let PrefillPolicy::DenseFrom(0) = opts.prefill {
+            return Err(Error::config("prefill", "DenseFrom needs at least 1 row"));
+        }
+        let n = bundles.spec().intermediate;
+        Ok(HybridFfn {
+            bundles,
+            predictor: Box::new(All),
+            placement: LayerPlacement::all_cold(n),
+            prefill: opts.prefill,
+            layer: opts.layer,
+            kernels,
+            pool: Pool::shared(opts.threads),
+            force_dense: AtomicBool::new(false),
+            last_active: AtomicUsize::new(0),
+            stats_on: AtomicBool::new(false),
+            stats: Mutex::new(None),
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// Converts `[out, in]` weights to neuron-major storage in `dtype` and builds the block.
+    pub fn from_weights(
+        spec: FfnSpec,
+        weights: FfnWeights<'_>,
+        dtype: WeightDType,
+        opts: HybridOptions,
+    ) -> Result<Self> {
+        Self::new(NeuronBundles::from_weights(spec, weights, dtype)?, opts)
+    }
+
+    /// Loads the FFN of one layer the way candle models do, from a `VarBuilder` already at the
+    /// MLP's prefix (e.g. `vb.pp("mlp")`): `gate_proj`, `up_proj`, `down_proj` for gated specs,
+    /// `fc1`, `fc2` for ungated ones, each with an optional `.bias`. Weights are stored in the
+    /// `VarBuilder`'s dtype.
+    pub fn load(spec: FfnSpec, vb: VarBuilder, opts: HybridOptions) -> Result<Self> {
+        let names: &[&str] = if spec.gated {
+            &["gate_proj", "up_proj", "down_proj"]
+        } else if vb.contains_tensor("up_proj.weight") {
+            &["up_proj", "down_proj"]
+        } else {
+            &["fc1", "fc2"]
+        };
+        let get = |name: &str| -> Result<Tensor> {
+            if !vb.contains_tensor(name) {
+                let prefix = vb.prefix();
+                let full = if prefix.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{prefix}.{name}")
+                };
+                return Err(ErrorKind::MissingTensor { name: full }.into());
+            }
+            Ok(vb.get_unchecked(name)?)
+        };
+        let opt = |name: &str| -> Result<Option<Tensor>> {
+            if vb.contains_tensor(name) {
+                Ok(Some(vb.get_unchecked(name)?))
+            } else {
+                Ok(None)
+            }
+        };
+        let w: Vec<Tensor> = names
+            .iter()
+            .map(|n| get(&format!("{n}.weight")))
+            .collect::<Result<_>>()?;
+        let b: Vec<Option<Tensor>> = names
+            .iter()
+            .map(|n| opt(&format!("{n}.bias")))
+            .collect::<Result<_>>()?;
+        let k = usize::from(spec.gated);
+        let weights = FfnWeights {
+            gate: spec.gated.then(|| &w[0]),
+            up: &w[k],
+            down: &w[k + 1],
+            gate_bias: if spec.gated { b[0].as_ref() } else { None },
+            up_bias: b[k].as_ref(),
+            down_bias: b[k + 1].as_ref(),
+        };
+        let dtype = WeightDType::from_candle(vb.dtype(), "VarBuilder dtype")?;
+        Self::from_weights(spec, weights, dtype, opts)
+    }
+
+    /// Replaces the predictor.
+    pub fn with_predictor(mut self, predictor: impl Predictor + 'static) -> Self {
+        self.predictor = Box::new(predictor);
+        self
+    }
+
+    /// Replaces the placement; it must be for this layer's neuron count.
+    pub fn with_placement(mut self, placement: LayerPlacement) -> Result<Self> {
+        let n = self.bundles.spec().intermediate;
+        if placement.intermediate() != n {
+            return Err(ErrorKind::LayerCount {
+                what: "placement neurons".into(),
+                expected: n,
+                got: placement.intermediate(),
+            }
+            .into());
+        }
+        self.placement = placement;
+        Ok(self)
+    }
+
+    /// When on, every call computes every neuron (the predictor is bypassed).
+    pub fn set_force_dense(&self, on: bool) {
+        self.force_dense.store(on, Ordering::Relaxed);
+    }
+
+    /// Starts counting per-neuron activity (`|h| > threshold`) from the next call.
+    pub fn enable_stats(&self, threshold: f32) {
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        *s = Some(ActivationStats::new(self.bundles.spec().intermediate, threshold));
+        self.stats_on.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops counting and returns what was counted.
+    pub fn take_stats(&self) -> Option<ActivationStats> {
+        self.stats_on.store(false, Ordering::Relaxed);
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The layer's spec.
+    pub fn spec(&self) -> &FfnSpec {
+        self.bundles.spec()
+    }
+
+    /// The neuron-major weights.
+    pub fn bundles(&self) -> &NeuronBundles {
+        &self.bundles
+    }
+
+    /// The hot/cold placement.
+    pub fn placement(&self) -> &LayerPlacement {
+        &self.placement
+    }
+
+    /// The SIMD tier in use.
+    pub fn cpu_tier(&self) -> CpuTier {
+        self.kernels.tier()
+    }
+
+    /// Threads of the CPU tier.
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Neurons computed by the last call (the union over its rows).
+    pub fn last_active(&self) -> usize {
+        self.last_active.load(Ordering::Relaxed)
+    }
+
+    /// The FFN on `rows` f32 rows: `x` and `out` are `rows * hidden`, row-major. Allocation-free
+    /// once the block has seen a batch of this size.
+    pub fn forward_f32(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
+        let h = self.bundles.spec().hidden;
+        if x.len() != rows * h {
+            return Err(Error::shape("input", &[Some(rows), Some(h)], &[x.len() / h, x.len() % h]));
+        }
+        if out.len() != rows * h {
+            return Err(Error::shape("output", &[Some(rows * h)], &[out.len()]));
+        }
+        check_finite(x)?;
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.compute(&mut scratch, x, rows, out)
+    }
+
+    /// The FFN on a tensor `[.., hidden]` (f32, f16 or bf16, CPU); same shape and dtype out.
+    pub fn forward_tensor(&self, xs: &Tensor) -> Result<Tensor> {
+        let h = self.bundles.spec().hidden;
+        if !xs.device().is_cpu() {
+            return Err(ErrorKind::Device {
+                tensor: "input".into(),
+                got: format!("{:?}", xs.device()),
+            }
+            .into());
+        }
+        let dtype = xs.dtype();
+        WeightDType::from_candle(dtype, "input")?;
+        if xs.dims().last() != Some(&h) {
+            return Err(Error::shape("input", &[None, Some(h)], xs.dims()));
+        }
+        let rows = xs.elem_count() / h;
+        let len = rows * h;
+        if rows == 0 {
+            return Ok(xs.clone());
+        }
+        let xs = if xs.is_contiguous() {
+            xs.clone()
+        } else {
+            xs.contiguous()?
+        };
+        let mut out = vec![0f32; len];
+        {
+            let (storage, layout) = xs.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                return Err(ErrorKind::Device {
+                    tensor: "input".into(),
+                    got: format!("{:?}", xs.device()),
+                }
+                .into());
+            };
+            let o = layout.start_offset();
+            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let mut xbuf = std::mem::take(&mut scratch.x);
+            let x: &[f32] = match dtype {
+                DType::F16 => {
+                    xbuf.clear();
+                    xbuf.extend(cpu.as_slice::<f16>()?[o..o + len].iter().map(|v| v.to_f32()));
+                    &xbuf
+                }
+                DType::BF16 => {
+                    xbuf.clear();
+                    xbuf.extend(cpu.as_slice::<bf16>()?[o..o + len].iter().map(|v| v.to_f32()));
+                    &xbuf
+                }
+                _ => &cpu.as_slice::<f32>()?[o..o + len],
+            };
+            let res = check_finite(x).and_then(|_| self.compute(&mut scratch, x, rows, &mut out));
+            scratch.x = xbuf;
+            res?;
+        }
+        let dims = xs.dims();
+        Ok(match dtype {
+            DType::F16 => Tensor::from_vec(out.iter().map(|&v| f16::from_f32(v)).collect(), dims, &Device::Cpu)?,
+            DType::BF16 => Tensor::from_vec(out.iter().map(|&v| bf16::from_f32(v)).collect(), dims, &Device::Cpu)?,
+            _ => Tensor::from_vec(out, dims, &Device::Cpu)?,
+        })
+    }
+
+    fn compute(&self, s: &mut Scratch, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
+        let spec = *self.bundles.spec();
+        let dense = self.force_dense.load(Ordering::Relaxed)
+            || matches!(self.prefill, PrefillPolicy::DenseFrom(n) if rows >= n);
+        s.set.reset(rows, spec.intermediate);
+        let input = PredictInput {
+            x,
+            rows,
+            hidden: spec.hidden,
+            bundles: &self.bundles,
+            kernels: &self.kernels,
+            pool: &self.pool,
+        };
+        if dense {
+            All.predict(&input, &mut s.set)?;
+        } else {
+            self.predictor.predict(&input, &mut s.set).map_err(|e| self.in_layer(e))?;
+        }
+        s.set.finish();
+        self.last_active.store(s.set.union().len(), Ordering::Relaxed);
+        self.placement.split(s.set.union(), &mut s.hot, &mut s.cold);
+
+        match &self.bundles.down_bias {
+            Some(b) => out.chunks_mut(spec.hidden).for_each(|o| o.copy_from_slice(b)),
+            None => out.fill(0.0),
+        }
+        let threads = self.pool.threads();
+        s.threads.resize_with(threads, ThreadScratch::default);
+        let job = SparseJob {
+            bundles: &self.bundles,
+            kernels: &self.kernels,
+            x,
+            rows,
+            set: &s.set,
+        };
+        let record = self.stats_on.load(Ordering::Relaxed);
+        let mut stats = record.then(|| self.stats.lock().unwrap_or_else(|e| e.into_inner()));
+        // Fast tier first, then the CPU tier: a fixed merge order keeps results bit-identical.
+        for list in [&s.hot, &s.cold] {
+            if list.is_empty() {
+                continue;
+            }
+            job.run(&self.pool, list, &mut s.threads);
+            for (t, st) in s.threads.iter().enumerate() {
+                for (o, a) in out.iter_mut().zip(&st.acc) {
+                    *o += a;
+                }
+                if let Some(Some(stats)) = stats.as_deref_mut() {
+                    stats.record(&list[share(list.len(), t, threads)], &st.h, rows);
+                }
+            }
+        }
+        if let Some(Some(stats)) = stats.as_deref_mut() {
+            stats.tokens += rows as u64;
+        }
+        Ok(())
+    }
+
+    fn in_layer(&self, e: Error) -> Error {
+        match (e.kind(), self.layer) {
+            (ErrorKind::NeuronOutOfRange { neuron, intermediate, layer: None }, Some(l)) => {
+                ErrorKind::NeuronOutOfRange {
+                    layer: Some(l),
+                    neuron: *neuron,
+                    intermediate: *intermediate,
+                }
+                .into()
+            }
+            _ => e,
+        }
+    }
+}
+
+fn check_finite(x: &[f32]) -> Result<()> {
+    match x.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(Error::non_finite("input", i)),
+        None => Ok(()),
+    }
+}
+
+impl Module for HybridFfn {
+    fn forward(&self, xs: &Tensor) -> candle_core::Result<Tensor> {
+        Ok(self.forward_tensor(xs)?)
+    }
+}

@@ -1,0 +1,49 @@
+//! # powerinfer
+//!
+//! An independent Rust implementation of the PowerInfer technique: activation-sparse FFN inference
+//! with hot/cold neuron placement, as a drop-in [`candle_core::Module`].
+//!
+//! For each token only the FFN neurons a [`Predictor`] selects are computed, reading only their
+//! bytes from neuron-major storage ([`NeuronBundles`]). A [`LayerPlacement`] splits them between a
+//! fast tier (GPU, in a later release; the CPU today) and the CPU tier; both partial outputs are
+//! summed in a fixed order. The dense FFN ([`dense_reference`]) is the oracle the tests hold every
+//! path to.
+//!
+//! ```
+//! use candle_core::{Device, Module, Tensor};
+//! use powerinfer::{Activation, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions, WeightDType};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (hidden, inter) = (64, 256);
+//! let dev = Device::Cpu;
+//! let gate = Tensor::randn(0f32, 0.1, (inter, hidden), &dev)?;
+//! let up = Tensor::randn(0f32, 0.1, (inter, hidden), &dev)?;
+//! let down = Tensor::randn(0f32, 0.1, (hidden, inter), &dev)?;
+//! let spec = FfnSpec::new(hidden, inter, Activation::Relu, true)?;
+//! let ffn = HybridFfn::from_weights(spec, FfnWeights::gated(&gate, &up, &down), WeightDType::F16,
+//!     HybridOptions::default())?
+//!     .with_predictor(GateFirst::new(0.0)?);
+//! let x = Tensor::randn(0f32, 1.0, (1, 3, hidden), &dev)?;
+//! let y = ffn.forward(&x)?;
+//! assert_eq!(y.dims(), &[1, 3, hidden]);
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod activation;
+mod cpu;
+mod error;
+mod ffn;
+mod hybrid;
+mod place;
+mod predict;
+mod profile;
+
+pub use activation::Activation;
+pub use cpu::{share, CpuTier, Kernels, Pool, CPU_TIER_ENV};
+pub use error::{Error, ErrorKind, Result};
+pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
+pub use hybrid::{HybridFfn, HybridOptions, PrefillPolicy};
+pub use place::{plan_placement, LayerPlacement, Placement};
+pub use predict::{ActiveSet, All, GateFirst, LowRank, Oracle, PredictInput, Predictor};
+pub use profile::ActivationStats;

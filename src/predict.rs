@@ -1,0 +1,441 @@
+//! Predictors: which neurons to compute for each input row.
+//!
+//! A [`Predictor`] fills an [`ActiveSet`] for a batch of rows. `All` computes every neuron,
+//! `Oracle` takes the sets it is given (tests, analysis), `GateFirst` computes the cheap part of the
+//! FFN for every neuron and keeps those that matter (exact for ReLU/dReLU at threshold 0), and
+//! `LowRank` runs a small `fc2(relu(fc1 x))` network. This module decides *which* neurons run; it
+//! must not decide *where* (that is `place`) nor compute the FFN output (that is `cpu`).
+
+use std::fmt;
+use std::sync::Mutex;
+
+use candle_core::{DType, Tensor};
+
+use crate::cpu::{Kernels, Pool};
+use crate::error::{Error, ErrorKind, Result};
+use crate::ffn::{BundleData, NeuronBundles};
+
+/// The neurons to compute, per row of a batch, plus values a predictor already computed.
+///
+/// Rows are independent: neuron `i` contributes to row `r` only if it is in row `r`'s set. The
+/// FFN computes the union of all rows' sets once and masks per row.
+#[derive(Debug, Clone, Default)]
+pub struct ActiveSet {
+    rows: usize,
+    intermediate: usize,
+    words: usize,
+    all: bool,
+    mask: Vec<u64>,
+    union: Vec<u32>,
+    /// Gate pre-activations known for every neuron, `[neuron * rows + row]`, when `gate_known`.
+    pub(crate) gate: Vec<f32>,
+    /// Up pre-activations known for every neuron, `[neuron * rows + row]`, when `up_known`.
+    pub(crate) up: Vec<f32>,
+    pub(crate) gate_known: bool,
+    pub(crate) up_known: bool,
+}
+
+impl ActiveSet {
+    /// An empty set; sized by [`ActiveSet::reset`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Empties the set for `rows` rows of an FFN with `intermediate` neurons. Reuses buffers.
+    pub fn reset(&mut self, rows: usize, intermediate: usize) {
+        self.rows = rows;
+        self.intermediate = intermediate;
+        self.words = intermediate.div_ceil(64);
+        self.all = false;
+        self.mask.clear();
+        self.mask.resize(rows * self.words, 0);
+        self.union.clear();
+        self.gate_known = false;
+        self.up_known = false;
+    }
+
+    /// Marks `neuron` active for `row`.
+    pub fn insert(&mut self, row: usize, neuron: usize) -> Result<()> {
+        if neuron >= self.intermediate {
+            return Err(ErrorKind::NeuronOutOfRange {
+                layer: None,
+                neuron,
+                intermediate: self.intermediate,
+            }
+            .into());
+        }
+        if row >= self.rows {
+            return Err(Error::shape("active set row", &[Some(self.rows)], &[row + 1]));
+        }
+        self.mask[row * self.words + neuron / 64] |= 1 << (neuron % 64);
+        Ok(())
+    }
+
+    /// Marks every neuron active for every row.
+    pub fn fill_all(&mut self) {
+        self.all = true;
+    }
+
+    /// Rows in the batch.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Neurons in the layer.
+    pub fn intermediate(&self) -> usize {
+        self.intermediate
+    }
+
+    /// True when every neuron is active for every row.
+    pub fn is_all(&self) -> bool {
+        self.all
+    }
+
+    /// Whether `neuron` is active for `row`.
+    #[inline]
+    pub fn contains(&self, row: usize, neuron: usize) -> bool {
+        self.all || (self.mask[row * self.words + neuron / 64] >> (neuron % 64)) & 1 == 1
+    }
+
+    /// Active neurons of one row.
+    pub fn row_count(&self, row: usize) -> usize {
+        if self.all {
+            return self.intermediate;
+        }
+        self.mask[row * self.words..(row + 1) * self.words]
+            .iter()
+            .map(|w| w.count_ones() as usize)
+            .sum()
+    }
+
+    /// Sorted neurons active in at least one row (valid after the FFN has run the predictor).
+    pub fn union(&self) -> &[u32] {
+        &self.union
+    }
+
+    /// Builds the union from the per-row masks. Called by the FFN after prediction.
+    pub(crate) fn finish(&mut self) {
+        self.union.clear();
+        if self.all {
+            self.union.extend(0..self.intermediate as u32);
+            return;
+        }
+        for w in 0..self.words {
+            let mut bits = (0..self.rows).fold(0u64, |acc, r| acc | self.mask[r * self.words + w]);
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                self.union.push((w * 64 + b) as u32);
+                bits &= bits - 1;
+            }
+        }
+    }
+
+    /// Known gate value for (row, neuron), if the predictor computed it.
+    #[inline]
+    pub(crate) fn known_gate(&self, row: usize, neuron: usize) -> Option<f32> {
+        self.gate_known.then(|| self.gate[neuron * self.rows + row])
+    }
+
+    /// Known up value for (row, neuron), if the predictor computed it.
+    #[inline]
+    pub(crate) fn known_up(&self, row: usize, neuron: usize) -> Option<f32> {
+        self.up_known.then(|| self.up[neuron * self.rows + row])
+    }
+}
+
+/// What a predictor sees: the FFN input rows (f32, exactly the tensor the FFN gets) and, for
+/// predictors inside this crate, the layer's weights and kernels.
+pub struct PredictInput<'a> {
+    /// `rows * hidden` values, row-major.
+    pub x: &'a [f32],
+    /// Number of rows.
+    pub rows: usize,
+    /// Model size.
+    pub hidden: usize,
+    pub(crate) bundles: &'a NeuronBundles,
+    pub(crate) kernels: &'a Kernels,
+    pub(crate) pool: &'a Pool,
+}
+
+impl PredictInput<'_> {
+    /// Row `r` of the input.
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.x[r * self.hidden..(r + 1) * self.hidden]
+    }
+}
+
+/// Chooses the active neurons of a batch. `set` arrives reset to the batch's rows and the layer's
+/// neurons; fill it with [`ActiveSet::insert`] or [`ActiveSet::fill_all`].
+pub trait Predictor: Send + Sync + fmt::Debug {
+    /// Fills `set` for the rows of `input`.
+    fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()>;
+
+    /// Bytes of weights this predictor holds (counted against a tier's budget).
+    fn weight_bytes(&self) -> usize {
+        0
+    }
+}
+
+/// Every neuron, every row: the dense FFN through the sparse kernels.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct All;
+
+impl Predictor for All {
+    fn predict(&self, _: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
+        set.fill_all();
+        Ok(())
+    }
+}
+
+/// The exact sets, given up front: one per row, or one for all rows. For tests and analysis.
+#[derive(Debug, Clone)]
+pub struct Oracle {
+    sets: Vec<Vec<u32>>,
+}
+
+impl Oracle {
+    /// One set per row of the batches it will see (or a single set used for every row).
+    pub fn new(sets: Vec<Vec<u32>>) -> Self {
+        Oracle { sets }
+    }
+}
+
+impl Predictor for Oracle {
+    fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
+        if self.sets.len() != 1 && self.sets.len() != input.rows {
+            return Err(ErrorKind::LayerCount {
+                what: "oracle sets per batch row".into(),
+                expected: input.rows,
+                got: self.sets.len(),
+            }
+            .into());
+        }
+        for r in 0..input.rows {
+            let s = &self.sets[if self.sets.len() == 1 { 0 } else { r }];
+            for &i in s {
+                set.insert(r, i as usize)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Compute the cheap part of the FFN for every neuron, keep the neurons that matter.
+///
+/// - ReLU / dReLU: computes `gate x` (or `fc1 x` ungated) for all neurons and keeps those with
+///   `act > threshold`; at threshold 0 this is exact (the others contribute exact zeros). Saves the
+///   up and down rows of inactive neurons.
+/// - SiLU / GELU: computes gate and up for all neurons and keeps those whose contribution
+///   `|h_i| = |act(gate_i x) * up_i x|` exceeds `threshold`. Saves only the down rows; thresholding
+///   `h`, not the gate, is what keeps quality (see DESIGN.md).
+///
+/// Values computed here are handed to the FFN, never recomputed.
+#[derive(Debug, Clone, Copy)]
+pub struct GateFirst {
+    threshold: f32,
+}
+
+impl GateFirst {
+    /// A gate-first predictor; `threshold` must be finite and `>= 0`.
+    pub fn new(threshold: f32) -> Result<Self> {
+        if !threshold.is_finite() || threshold < 0.0 {
+            return Err(Error::config(
+                "threshold",
+                format!("{threshold} must be finite and >= 0"),
+            ));
+        }
+        Ok(GateFirst { threshold })
+    }
+
+    /// The threshold.
+    pub fn threshold(&self) -> f32 {
+        self.threshold
+    }
+}
+
+/// Fills `out[i * rows + r] = row_k(neuron i) . x_r + bias_i` for every neuron, in parallel.
+/// `k` is the row's position in the bundle (0 gate, 1 up for gated; 0 up for ungated).
+fn all_neurons(input: &PredictInput<'_>, k: usize, bias: Option<&[f32]>, out: &mut Vec<f32>) {
+    let b = input.bundles;
+    let (h, n, rows) = (b.spec().hidden, b.spec().intermediate, input.rows);
+    let stride = b.spec().rows_per_neuron() * h;
+    out.clear();
+    out.resize(n * rows, 0.0);
+    fn fill<E: crate::cpu::RowElem>(
+        w: &[E],
+        input: &PredictInput<'_>,
+        k: usize,
+        stride: usize,
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+    ) {
+        let (h, rows) = (input.hidden, input.rows);
+        let dot = input.kernels.dot::<E>();
+        input.pool.run_chunks(out, out.len() / rows.max(1), rows, &|range, part| {
+            for (p, i) in range.enumerate() {
+                let row = &w[i * stride + k * h..i * stride + (k + 1) * h];
+                let bi = bias.map_or(0.0, |b| b[i]);
+                for r in 0..rows {
+                    part[p * rows + r] = dot(row, input.row(r)) + bi;
+                }
+            }
+        });
+    }
+    match &b.data {
+        BundleData::F32(w) => fill(w, input, k, stride, bias, out),
+        BundleData::F16(w) => fill(w, input, k, stride, bias, out),
+        BundleData::BF16(w) => fill(w, input, k, stride, bias, out),
+    }
+}
+
+impl Predictor for GateFirst {
+    fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
+        let b = input.bundles;
+        let spec = *b.spec();
+        let (n, rows, t) = (spec.intermediate, input.rows, self.threshold);
+        let act = spec.activation;
+        let exact = act.exact_zeros();
+        let mut gate = std::mem::take(&mut set.gate);
+        let mut up = std::mem::take(&mut set.up);
+        if spec.gated {
+            all_neurons(input, 0, b.gate_bias.as_deref(), &mut gate);
+            set.gate_known = true;
+        }
+        if !spec.gated || !exact {
+            let k = usize::from(spec.gated);
+            all_neurons(input, k, b.up_bias.as_deref(), &mut up);
+            set.up_known = true;
+        }
+        for i in 0..n {
+            for r in 0..rows {
+                let keep = match (spec.gated, exact) {
+                    (true, true) => act.apply(gate[i * rows + r]) > t,
+                    (true, false) => act.gated(gate[i * rows + r], up[i * rows + r]).abs() > t,
+                    (false, _) => act.ungated(up[i * rows + r]).abs() > t,
+                };
+                if keep {
+                    set.insert(r, i)?;
+                }
+            }
+        }
+        set.gate = gate;
+        set.up = up;
+        Ok(())
+    }
+}
+
+/// A low-rank predictor `score = fc2 relu(fc1 x)`; neuron `i` is active when `score_i >= threshold`.
+/// Skips all rows (gate, up, down) of neurons it leaves out. Weights are f32.
+pub struct LowRank {
+    fc1: Vec<f32>,
+    fc2: Vec<f32>,
+    rank: usize,
+    hidden: usize,
+    intermediate: usize,
+    threshold: f32,
+    scratch: Mutex<(Vec<f32>, Vec<f32>)>,
+}
+
+impl fmt::Debug for LowRank {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LowRank")
+            .field("rank", &self.rank)
+            .field("hidden", &self.hidden)
+            .field("intermediate", &self.intermediate)
+            .field("threshold", &self.threshold)
+            .finish()
+    }
+}
+
+impl LowRank {
+    /// From `fc1: [rank, hidden]` and `fc2: [intermediate, rank]` (linear `[out, in]` layout).
+    pub fn new(fc1: &Tensor, fc2: &Tensor, threshold: f32) -> Result<Self> {
+        let (rank, hidden) = match fc1.dims() {
+            &[r, h] if r > 0 && h > 0 => (r, h),
+            d => return Err(Error::shape("predictor.fc1.weight", &[None, None], d)),
+        };
+        let intermediate = match fc2.dims() {
+            &[n, r] if r == rank && n > 0 => n,
+            d => return Err(Error::shape("predictor.fc2.weight", &[None, Some(rank)], d)),
+        };
+        if !threshold.is_finite() {
+            return Err(Error::config("threshold", format!("{threshold} is not finite")));
+        }
+        let read = |t: &Tensor, name: &str| -> Result<Vec<f32>> {
+            crate::ffn::WeightDType::from_candle(t.dtype(), name)?;
+            let v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            match v.iter().position(|x| !x.is_finite()) {
+                Some(i) => Err(Error::non_finite(name, i)),
+                None => Ok(v),
+            }
+        };
+        Ok(LowRank {
+            fc1: read(fc1, "predictor.fc1.weight")?,
+            fc2: read(fc2, "predictor.fc2.weight")?,
+            rank,
+            hidden,
+            intermediate,
+            threshold,
+            scratch: Mutex::new((Vec::new(), Vec::new())),
+        })
+    }
+
+    /// Rank of the bottleneck.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// `(hidden, intermediate)` this predictor was built for.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.hidden, self.intermediate)
+    }
+}
+
+impl Predictor for LowRank {
+    fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
+        if input.hidden != self.hidden || set.intermediate() != self.intermediate {
+            return Err(Error::shape(
+                "predictor (hidden, intermediate)",
+                &[Some(self.hidden), Some(self.intermediate)],
+                &[input.hidden, set.intermediate()],
+            ));
+        }
+        let (rows, rank, k) = (input.rows, self.rank, input.kernels);
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (z, scores) = &mut *guard;
+        z.clear();
+        z.resize(rows * rank, 0.0);
+        for r in 0..rows {
+            let xr = input.row(r);
+            for j in 0..rank {
+                let v = k.dot_f32(&self.fc1[j * self.hidden..(j + 1) * self.hidden], xr);
+                z[r * rank + j] = v.max(0.0);
+            }
+        }
+        scores.clear();
+        scores.resize(self.intermediate * rows, 0.0);
+        let z: &[f32] = z;
+        input
+            .pool
+            .run_chunks(scores, self.intermediate, rows, &|range, part| {
+                for (p, i) in range.enumerate() {
+                    let w = &self.fc2[i * rank..(i + 1) * rank];
+                    for r in 0..rows {
+                        part[p * rows + r] = k.dot_f32(w, &z[r * rank..(r + 1) * rank]);
+                    }
+                }
+            });
+        for i in 0..self.intermediate {
+            for r in 0..rows {
+                if scores[i * rows + r] >= self.threshold {
+                    set.insert(r, i)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn weight_bytes(&self) -> usize {
+        (self.fc1.len() + self.fc2.len()) * 4
+    }
+}

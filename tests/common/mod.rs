@@ -1,0 +1,109 @@
+//! Shared test helpers: seeded weights, the masked dense reference, tolerant comparison.
+#![allow(dead_code)]
+
+use candle_core::{DType, Device, Tensor};
+use powerinfer::{dense_reference, Activation, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+pub const ACTIVATIONS: [Activation; 5] = [
+    Activation::Relu,
+    Activation::DRelu,
+    Activation::Silu,
+    Activation::Gelu,
+    Activation::GeluTanh,
+];
+pub const DTYPES: [WeightDType; 3] = [WeightDType::F32, WeightDType::F16, WeightDType::BF16];
+
+/// Uniform values in `[-scale, scale)` from a seed.
+pub fn values(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+pub fn tensor(rng: &mut StdRng, dims: &[usize], scale: f32) -> Tensor {
+    let n = dims.iter().product();
+    Tensor::from_vec(values(rng, n, scale), dims, &Device::Cpu).unwrap()
+}
+
+/// Weights of a random FFN in the usual `[out, in]` layout (f32).
+pub struct Weights {
+    pub gate: Option<Tensor>,
+    pub up: Tensor,
+    pub down: Tensor,
+}
+
+impl Weights {
+    pub fn random(spec: &FfnSpec, seed: u64) -> Weights {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (h, n) = (spec.hidden, spec.intermediate);
+        let s = 1.0 / (h as f32).sqrt();
+        Weights {
+            gate: spec.gated.then(|| tensor(&mut rng, &[n, h], s)),
+            up: tensor(&mut rng, &[n, h], s),
+            down: tensor(&mut rng, &[h, n], 1.0 / (n as f32).sqrt()),
+        }
+    }
+
+    pub fn view(&self) -> FfnWeights<'_> {
+        match &self.gate {
+            Some(g) => FfnWeights::gated(g, &self.up, &self.down),
+            None => FfnWeights::ungated(&self.up, &self.down),
+        }
+    }
+}
+
+/// Dense FFN with per-row neuron masks (`mask[r][i]` false removes neuron i from row r), written
+/// with candle ops in f32 on the exact stored weights.
+pub fn masked_reference(x: &Tensor, spec: &FfnSpec, b: &NeuronBundles, mask: Option<&[Vec<bool>]>) -> Tensor {
+    let (gate, up, down) = b.to_dense_f32().unwrap();
+    let x = x.to_dtype(DType::F32).unwrap();
+    let rows = x.elem_count() / spec.hidden;
+    let x2 = x.reshape((rows, spec.hidden)).unwrap();
+    let u = x2.matmul(&up.t().unwrap()).unwrap();
+    let h = match &gate {
+        Some(g) => {
+            let g = x2.matmul(&g.t().unwrap()).unwrap();
+            match spec.activation {
+                Activation::DRelu => (g.relu().unwrap() * u.relu().unwrap()).unwrap(),
+                a => (g.apply(&a.to_candle()).unwrap() * u).unwrap(),
+            }
+        }
+        None => u.apply(&spec.activation.to_candle()).unwrap(),
+    };
+    let h = match mask {
+        Some(m) => {
+            let flat: Vec<f32> = m.iter().flat_map(|r| r.iter().map(|&b| if b { 1.0 } else { 0.0 })).collect();
+            let m = Tensor::from_vec(flat, (rows, spec.intermediate), &Device::Cpu).unwrap();
+            (h * m).unwrap()
+        }
+        None => h,
+    };
+    h.matmul(&down.t().unwrap()).unwrap().reshape(x.dims()).unwrap()
+}
+
+/// The plain dense reference on the stored weights (for unmasked comparisons).
+pub fn dense(x: &Tensor, spec: &FfnSpec, b: &NeuronBundles) -> Tensor {
+    let (gate, up, down) = b.to_dense_f32().unwrap();
+    let w = match &gate {
+        Some(g) => FfnWeights::gated(g, &up, &down),
+        None => FfnWeights::ungated(&up, &down),
+    };
+    dense_reference(&x.to_dtype(DType::F32).unwrap(), spec, w).unwrap()
+}
+
+/// Max |a - b| relative to max |b| (with a floor so all-zero references compare absolutely).
+pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let a: Vec<f32> = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let b: Vec<f32> = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+    a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// The weights are used exactly as stored, so only the input/output dtype sets the tolerance.
+pub fn tolerance(input: DType) -> f32 {
+    if input == DType::F32 {
+        1e-5
+    } else {
+        1e-2
+    }
+}
