@@ -1,0 +1,86 @@
+//! Every SIMD tier's row kernels against a naive f64 reference, random lengths plus edge lengths.
+
+use half::{bf16, f16};
+use powerinfer::{CpuTier, Kernels};
+use proptest::prelude::*;
+
+fn naive_dot(w: &[f64], x: &[f32]) -> f64 {
+    w.iter().zip(x).map(|(a, b)| a * *b as f64).sum()
+}
+
+/// Checks dot and axpy for every storage dtype on every supported tier.
+fn check(w: &[f32], x: &[f32], a: f32) -> Result<(), TestCaseError> {
+    let n = w.len();
+    let wh: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+    let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+    let exact = [
+        w.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+        wh.iter().map(|v| v.to_f64()).collect(),
+        wb.iter().map(|v| v.to_f64()).collect(),
+    ];
+    let mag: f64 = w.iter().zip(x).map(|(p, q)| (p * q).abs() as f64).sum::<f64>() + 1e-6;
+    for tier in CpuTier::supported() {
+        let k = Kernels::new(tier).unwrap();
+        let dots = [k.dot_f32(w, x), k.dot_f16(&wh, x), k.dot_bf16(&wb, x)];
+        for (d, e) in dots.iter().zip(&exact) {
+            let r = naive_dot(e, x);
+            prop_assert!(((*d as f64) - r).abs() <= 1e-5 * mag, "{tier} dot n={n}: {d} vs {r}");
+        }
+        let y0: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
+        let mut ys = [y0.clone(), y0.clone(), y0.clone()];
+        k.axpy_f32(&mut ys[0], a, w);
+        k.axpy_f16(&mut ys[1], a, &wh);
+        k.axpy_bf16(&mut ys[2], a, &wb);
+        for (y, e) in ys.iter().zip(&exact) {
+            for i in 0..n {
+                let r = y0[i] as f64 + a as f64 * e[i];
+                let tol = 1e-6 * (y0[i].abs() as f64 + (a as f64 * e[i]).abs() + 1e-6);
+                prop_assert!((y[i] as f64 - r).abs() <= tol, "{tier} axpy n={n} i={i}: {} vs {r}", y[i]);
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn kernels_match_naive(
+        (w, x) in (0usize..300).prop_flat_map(|n| (
+            proptest::collection::vec(-4.0f32..4.0, n),
+            proptest::collection::vec(-4.0f32..4.0, n),
+        )),
+        a in -3.0f32..3.0,
+    ) {
+        check(&w, &x, a)?;
+    }
+}
+
+#[test]
+fn edge_lengths() {
+    for n in [0usize, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129] {
+        let w: Vec<f32> = (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.25).collect();
+        let x: Vec<f32> = (0..n).map(|i| ((i * 13 % 7) as f32 - 3.0) * 0.5).collect();
+        check(&w, &x, 0.75).unwrap();
+    }
+}
+
+/// Mismatched lengths are cut to the shorter operand: no out-of-bounds access, no panic.
+#[test]
+fn mismatched_lengths_use_common_prefix() {
+    let k = Kernels::new(CpuTier::best()).unwrap();
+    let w = vec![1.0f32; 40];
+    let x = vec![2.0f32; 33];
+    assert_eq!(k.dot_f32(&w, &x), 66.0);
+    let mut y = vec![0.0f32; 17];
+    k.axpy_f32(&mut y, 1.0, &w);
+    assert!(y.iter().all(|&v| v == 1.0));
+}
+
+#[test]
+fn env_override_parses_and_rejects() {
+    assert_eq!("AVX2".parse::<CpuTier>().unwrap(), CpuTier::Avx2);
+    assert!("sse9".parse::<CpuTier>().is_err());
+    assert!(CpuTier::Scalar.is_supported());
+    assert_eq!(CpuTier::supported()[0], CpuTier::Scalar);
+}
