@@ -74,7 +74,10 @@ fn bandwidth(buf: &[f32], x: &[f32], threads: usize, k: &Kernels) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let iters: usize = std::env::var("BENCH_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let iters: usize = std::env::var("BENCH_ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
     let (hidden, inter) = match std::env::var("BENCH_SHAPE").as_deref() {
         Ok("small") => (1024, 2816),
         _ => (4096, 11008),
@@ -87,7 +90,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tier = CpuTier::from_env()?.unwrap_or_else(CpuTier::best);
     let kernels = Kernels::new(tier)?;
     let shape = format!("{hidden}x{inter}");
-    println!("# sparse FFN bench: shape {shape} gated ReLU, 1 token, tier {tier}, median of {iters}");
+    println!(
+        "# sparse FFN bench: shape {shape} gated ReLU, 1 token, tier {tier}, median of {iters}"
+    );
 
     // Machine read bandwidth, same kernel, buffer far above L3.
     let buf = vec![1.0f32; 256 << 20];
@@ -135,12 +140,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let k = ((inter as f64 * frac).round() as usize).max(1);
                 let sets: Vec<Vec<u32>> = (0..8)
                     .map(|_| {
-                        let mut v: Vec<u32> = sample(&mut rng, inter, k).into_iter().map(|i| i as u32).collect();
+                        let mut v: Vec<u32> = sample(&mut rng, inter, k)
+                            .into_iter()
+                            .map(|i| i as u32)
+                            .collect();
                         v.sort_unstable();
                         v
                     })
                     .collect();
-                ffn = ffn.with_predictor(Rotating { sets, next: AtomicUsize::new(0) });
+                ffn = ffn.with_predictor(Rotating {
+                    sets,
+                    next: AtomicUsize::new(0),
+                });
                 let xs: Vec<f32> = x.flatten_all()?.to_vec1()?;
                 let mut out = vec![0f32; hidden];
                 let sparse_ms = time_ms(iters, || ffn.forward_f32(&xs, 1, &mut out).unwrap());

@@ -175,7 +175,10 @@ impl fmt::Display for Error {
                 write!(f, "tensor `{tensor}` is on {got}, this path needs the CPU")
             }
             ErrorKind::NonFinite { tensor, index } => {
-                write!(f, "tensor `{tensor}` has a NaN or infinity at flat index {index}")
+                write!(
+                    f,
+                    "tensor `{tensor}` has a NaN or infinity at flat index {index}"
+                )
             }
             ErrorKind::NeuronOutOfRange {
                 layer: l,

@@ -26,7 +26,12 @@ pub struct FfnSpec {
 
 impl FfnSpec {
     /// A checked spec: both sizes at least 1, dReLU only gated.
-    pub fn new(hidden: usize, intermediate: usize, activation: Activation, gated: bool) -> Result<Self> {
+    pub fn new(
+        hidden: usize,
+        intermediate: usize,
+        activation: Activation,
+        gated: bool,
+    ) -> Result<Self> {
         if hidden == 0 {
             return Err(Error::config("hidden", "must be at least 1"));
         }
@@ -307,7 +312,11 @@ fn interleave<T: WithDType>(spec: &FfnSpec, sources: &[(&Tensor, &str)]) -> Resu
 /// The dense FFN written with candle ops: the oracle every fast path is tested against.
 ///
 /// `x` is `[.., hidden]`; weights as in [`FfnWeights`]. Computes in the tensors' own dtype.
-pub fn dense_reference(x: &Tensor, spec: &FfnSpec, w: FfnWeights<'_>) -> candle_core::Result<Tensor> {
+pub fn dense_reference(
+    x: &Tensor,
+    spec: &FfnSpec,
+    w: FfnWeights<'_>,
+) -> candle_core::Result<Tensor> {
     let dims = x.dims().to_vec();
     let rows = x.elem_count() / spec.hidden.max(1);
     let x2 = x.reshape((rows, spec.hidden))?;

@@ -219,7 +219,10 @@ impl HybridFfn {
     /// Starts counting per-neuron activity (`|h| > threshold`) from the next call.
     pub fn enable_stats(&self, threshold: f32) {
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        *s = Some(ActivationStats::new(self.bundles.spec().intermediate, threshold));
+        *s = Some(ActivationStats::new(
+            self.bundles.spec().intermediate,
+            threshold,
+        ));
         self.stats_on.store(true, Ordering::Relaxed);
     }
 
@@ -264,7 +267,11 @@ impl HybridFfn {
     pub fn forward_f32(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
         let h = self.bundles.spec().hidden;
         if x.len() != rows * h {
-            return Err(Error::shape("input", &[Some(rows), Some(h)], &[x.len() / h, x.len() % h]));
+            return Err(Error::shape(
+                "input",
+                &[Some(rows), Some(h)],
+                &[x.len() / h, x.len() % h],
+            ));
         }
         if out.len() != rows * h {
             return Err(Error::shape("output", &[Some(rows * h)], &[out.len()]));
@@ -315,12 +322,20 @@ impl HybridFfn {
             let x: &[f32] = match dtype {
                 DType::F16 => {
                     xbuf.clear();
-                    xbuf.extend(cpu.as_slice::<f16>()?[o..o + len].iter().map(|v| v.to_f32()));
+                    xbuf.extend(
+                        cpu.as_slice::<f16>()?[o..o + len]
+                            .iter()
+                            .map(|v| v.to_f32()),
+                    );
                     &xbuf
                 }
                 DType::BF16 => {
                     xbuf.clear();
-                    xbuf.extend(cpu.as_slice::<bf16>()?[o..o + len].iter().map(|v| v.to_f32()));
+                    xbuf.extend(
+                        cpu.as_slice::<bf16>()?[o..o + len]
+                            .iter()
+                            .map(|v| v.to_f32()),
+                    );
                     &xbuf
                 }
                 _ => &cpu.as_slice::<f32>()?[o..o + len],
@@ -331,8 +346,16 @@ impl HybridFfn {
         }
         let dims = xs.dims();
         Ok(match dtype {
-            DType::F16 => Tensor::from_vec(out.iter().map(|&v| f16::from_f32(v)).collect(), dims, &Device::Cpu)?,
-            DType::BF16 => Tensor::from_vec(out.iter().map(|&v| bf16::from_f32(v)).collect(), dims, &Device::Cpu)?,
+            DType::F16 => Tensor::from_vec(
+                out.iter().map(|&v| f16::from_f32(v)).collect(),
+                dims,
+                &Device::Cpu,
+            )?,
+            DType::BF16 => Tensor::from_vec(
+                out.iter().map(|&v| bf16::from_f32(v)).collect(),
+                dims,
+                &Device::Cpu,
+            )?,
             _ => Tensor::from_vec(out, dims, &Device::Cpu)?,
         })
     }
@@ -353,14 +376,19 @@ impl HybridFfn {
         if dense {
             All.predict(&input, &mut s.set)?;
         } else {
-            self.predictor.predict(&input, &mut s.set).map_err(|e| self.in_layer(e))?;
+            self.predictor
+                .predict(&input, &mut s.set)
+                .map_err(|e| self.in_layer(e))?;
         }
         s.set.finish();
-        self.last_active.store(s.set.union().len(), Ordering::Relaxed);
+        self.last_active
+            .store(s.set.union().len(), Ordering::Relaxed);
         self.placement.split(s.set.union(), &mut s.hot, &mut s.cold);
 
         match &self.bundles.down_bias {
-            Some(b) => out.chunks_mut(spec.hidden).for_each(|o| o.copy_from_slice(b)),
+            Some(b) => out
+                .chunks_mut(spec.hidden)
+                .for_each(|o| o.copy_from_slice(b)),
             None => out.fill(0.0),
         }
         let threads = self.pool.threads();
@@ -397,14 +425,19 @@ impl HybridFfn {
 
     fn in_layer(&self, e: Error) -> Error {
         match (e.kind(), self.layer) {
-            (ErrorKind::NeuronOutOfRange { neuron, intermediate, layer: None }, Some(l)) => {
+            (
                 ErrorKind::NeuronOutOfRange {
-                    layer: Some(l),
-                    neuron: *neuron,
-                    intermediate: *intermediate,
-                }
-                .into()
+                    neuron,
+                    intermediate,
+                    layer: None,
+                },
+                Some(l),
+            ) => ErrorKind::NeuronOutOfRange {
+                layer: Some(l),
+                neuron: *neuron,
+                intermediate: *intermediate,
             }
+            .into(),
             _ => e,
         }
     }

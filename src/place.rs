@@ -80,7 +80,9 @@ impl LayerPlacement {
     /// Whether neuron `i` is hot (false for out-of-range `i`).
     #[inline]
     pub fn is_hot(&self, i: usize) -> bool {
-        self.is_hot.get(i / 64).is_some_and(|w| (w >> (i % 64)) & 1 == 1)
+        self.is_hot
+            .get(i / 64)
+            .is_some_and(|w| (w >> (i % 64)) & 1 == 1)
     }
 
     /// Splits `active` (sorted or not) into `hot` and `cold`, keeping order. Reuses both buffers.
@@ -115,7 +117,11 @@ pub struct Placement {
 /// Ties break by (layer, neuron) so the plan is deterministic. A neuron that does not fit is
 /// skipped and smaller ones may still fill the rest. This is what PowerInfer's placement ILP
 /// reduces to when every neuron of a layer has the same size and no per-layer constraint binds.
-pub fn plan_placement(frequencies: &[Vec<f64>], neuron_bytes: &[u64], budget: u64) -> Result<Placement> {
+pub fn plan_placement(
+    frequencies: &[Vec<f64>],
+    neuron_bytes: &[u64],
+    budget: u64,
+) -> Result<Placement> {
     if frequencies.len() != neuron_bytes.len() {
         return Err(ErrorKind::LayerCount {
             what: "neuron_bytes entries (one per layer)".into(),

@@ -65,7 +65,11 @@ impl ActiveSet {
             .into());
         }
         if row >= self.rows {
-            return Err(Error::shape("active set row", &[Some(self.rows)], &[row + 1]));
+            return Err(Error::shape(
+                "active set row",
+                &[Some(self.rows)],
+                &[row + 1],
+            ));
         }
         self.mask[row * self.words + neuron / 64] |= 1 << (neuron % 64);
         Ok(())
@@ -271,15 +275,17 @@ fn all_neurons(input: &PredictInput<'_>, k: usize, bias: Option<&[f32]>, out: &m
     ) {
         let (h, rows) = (input.hidden, input.rows);
         let dot = input.kernels.dot::<E>();
-        input.pool.run_chunks(out, out.len() / rows.max(1), rows, &|range, part| {
-            for (p, i) in range.enumerate() {
-                let row = &w[i * stride + k * h..i * stride + (k + 1) * h];
-                let bi = bias.map_or(0.0, |b| b[i]);
-                for r in 0..rows {
-                    part[p * rows + r] = dot(row, input.row(r)) + bi;
+        input
+            .pool
+            .run_chunks(out, out.len() / rows.max(1), rows, &|range, part| {
+                for (p, i) in range.enumerate() {
+                    let row = &w[i * stride + k * h..i * stride + (k + 1) * h];
+                    let bi = bias.map_or(0.0, |b| b[i]);
+                    for r in 0..rows {
+                        part[p * rows + r] = dot(row, input.row(r)) + bi;
+                    }
                 }
-            }
-        });
+            });
     }
     match &b.data {
         BundleData::F32(w) => fill(w, input, k, stride, bias, out),
@@ -359,7 +365,10 @@ impl LowRank {
             d => return Err(Error::shape("predictor.fc2.weight", &[None, Some(rank)], d)),
         };
         if !threshold.is_finite() {
-            return Err(Error::config("threshold", format!("{threshold} is not finite")));
+            return Err(Error::config(
+                "threshold",
+                format!("{threshold} is not finite"),
+            ));
         }
         let read = |t: &Tensor, name: &str| -> Result<Vec<f32>> {
             crate::ffn::WeightDType::from_candle(t.dtype(), name)?;

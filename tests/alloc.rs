@@ -10,8 +10,7 @@ use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use candle_core::{DType, Device, Tensor};
 use common::*;
 use powerinfer::{
-    Activation, FfnSpec, GateFirst, HybridFfn, HybridOptions, LayerPlacement, LowRank,
-    WeightDType,
+    Activation, FfnSpec, GateFirst, HybridFfn, HybridOptions, LayerPlacement, LowRank, WeightDType,
 };
 
 struct Counting;
@@ -50,18 +49,33 @@ fn no_allocation_per_token_and_weights_held_once() {
     let ffn = {
         let w = Weights::random(&spec, 9);
         let half = w.gate.as_ref().unwrap().to_dtype(DType::F16).unwrap();
-        let (up, down) = (w.up.to_dtype(DType::F16).unwrap(), w.down.to_dtype(DType::F16).unwrap());
-        let opts = HybridOptions { threads: 2, ..Default::default() };
-        HybridFfn::from_weights(spec, powerinfer::FfnWeights::gated(&half, &up, &down), WeightDType::F16, opts)
-            .unwrap()
-            .with_placement(LayerPlacement::new(inter, (0..inter as u32).step_by(2).collect(), None).unwrap())
-            .unwrap()
-            .with_predictor(GateFirst::new(0.0).unwrap())
+        let (up, down) = (
+            w.up.to_dtype(DType::F16).unwrap(),
+            w.down.to_dtype(DType::F16).unwrap(),
+        );
+        let opts = HybridOptions {
+            threads: 2,
+            ..Default::default()
+        };
+        HybridFfn::from_weights(
+            spec,
+            powerinfer::FfnWeights::gated(&half, &up, &down),
+            WeightDType::F16,
+            opts,
+        )
+        .unwrap()
+        .with_placement(
+            LayerPlacement::new(inter, (0..inter as u32).step_by(2).collect(), None).unwrap(),
+        )
+        .unwrap()
+        .with_predictor(GateFirst::new(0.0).unwrap())
     };
     let weights = ffn.bundles().weight_bytes() as f64;
     assert_eq!(weights, (3 * hidden * inter * 2) as f64);
 
-    let x: Vec<f32> = (0..hidden).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+    let x: Vec<f32> = (0..hidden)
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+        .collect();
     let mut out = vec![0f32; hidden];
     for _ in 0..3 {
         ffn.forward_f32(&x, 1, &mut out).unwrap();

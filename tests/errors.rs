@@ -26,7 +26,12 @@ fn mismatched_weight_shapes_name_the_tensor() {
     let s = spec();
     let w = Weights::random(&s, 1);
     let bad_up = Tensor::zeros((24, 15), DType::F32, &Device::Cpu).unwrap();
-    let e = NeuronBundles::from_weights(s, FfnWeights::gated(w.gate.as_ref().unwrap(), &bad_up, &w.down), WeightDType::F32).unwrap_err();
+    let e = NeuronBundles::from_weights(
+        s,
+        FfnWeights::gated(w.gate.as_ref().unwrap(), &bad_up, &w.down),
+        WeightDType::F32,
+    )
+    .unwrap_err();
     match e.kind() {
         ErrorKind::Shape { tensor, got, .. } => {
             assert_eq!(tensor, "up_proj.weight");
@@ -36,7 +41,12 @@ fn mismatched_weight_shapes_name_the_tensor() {
     }
     assert!(e.to_string().contains("up_proj.weight"));
     let bad_down = Tensor::zeros((24, 16), DType::F32, &Device::Cpu).unwrap();
-    let e = NeuronBundles::from_weights(s, FfnWeights::gated(w.gate.as_ref().unwrap(), &w.up, &bad_down), WeightDType::F32).unwrap_err();
+    let e = NeuronBundles::from_weights(
+        s,
+        FfnWeights::gated(w.gate.as_ref().unwrap(), &w.up, &bad_down),
+        WeightDType::F32,
+    )
+    .unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::Shape { tensor, .. } if tensor == "down_proj.weight"));
 }
 
@@ -45,8 +55,15 @@ fn wrong_dtypes_are_rejected() {
     let s = spec();
     let w = Weights::random(&s, 1);
     let up_u8 = w.up.to_dtype(DType::U8).unwrap();
-    let e = NeuronBundles::from_weights(s, FfnWeights::gated(w.gate.as_ref().unwrap(), &up_u8, &w.down), WeightDType::F32).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::DType { tensor, got: DType::U8 } if tensor == "up_proj.weight"));
+    let e = NeuronBundles::from_weights(
+        s,
+        FfnWeights::gated(w.gate.as_ref().unwrap(), &up_u8, &w.down),
+        WeightDType::F32,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::DType { tensor, got: DType::U8 } if tensor == "up_proj.weight")
+    );
     let x = Tensor::zeros((1, 16), DType::F64, &Device::Cpu).unwrap();
     let e = ffn().forward_tensor(&x).unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::DType { tensor, got: DType::F64 } if tensor == "input"));
@@ -56,7 +73,9 @@ fn wrong_dtypes_are_rejected() {
 fn wrong_input_shape_is_rejected() {
     let x = Tensor::zeros((2, 3, 15), DType::F32, &Device::Cpu).unwrap();
     let e = ffn().forward_tensor(&x).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::Shape { tensor, got, .. } if tensor == "input" && got == &[2, 3, 15]));
+    assert!(
+        matches!(e.kind(), ErrorKind::Shape { tensor, got, .. } if tensor == "input" && got == &[2, 3, 15])
+    );
     // Through candle's Module the same error arrives wrapped in candle's error.
     let e = ffn().forward(&x).unwrap_err();
     assert!(e.to_string().contains("input"), "{e}");
@@ -68,30 +87,76 @@ fn wrong_input_shape_is_rejected() {
 #[test]
 fn out_of_range_and_duplicate_neurons() {
     let e = LayerPlacement::new(24, vec![3, 24], Some(5)).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::NeuronOutOfRange { layer: Some(5), neuron: 24, intermediate: 24 }));
+    assert!(matches!(
+        e.kind(),
+        ErrorKind::NeuronOutOfRange {
+            layer: Some(5),
+            neuron: 24,
+            intermediate: 24
+        }
+    ));
     assert!(e.to_string().contains("layer 5") && e.to_string().contains("24"));
     let e = LayerPlacement::new(24, vec![3, 3], None).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::DuplicateNeuron { neuron: 3, .. }));
-    let e = ffn().with_placement(LayerPlacement::all_hot(23)).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::LayerCount { expected: 24, got: 23, .. }));
+    assert!(matches!(
+        e.kind(),
+        ErrorKind::DuplicateNeuron { neuron: 3, .. }
+    ));
+    let e = ffn()
+        .with_placement(LayerPlacement::all_hot(23))
+        .unwrap_err();
+    assert!(matches!(
+        e.kind(),
+        ErrorKind::LayerCount {
+            expected: 24,
+            got: 23,
+            ..
+        }
+    ));
     // An oracle naming a neuron that does not exist.
-    let f = HybridFfn::from_weights(spec(), Weights::random(&spec(), 1).view(), WeightDType::F32, HybridOptions { layer: Some(2), ..Default::default() })
-        .unwrap()
-        .with_predictor(Oracle::new(vec![vec![0, 99]]));
+    let f = HybridFfn::from_weights(
+        spec(),
+        Weights::random(&spec(), 1).view(),
+        WeightDType::F32,
+        HybridOptions {
+            layer: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .with_predictor(Oracle::new(vec![vec![0, 99]]));
     let x = Tensor::ones((1, 16), DType::F32, &Device::Cpu).unwrap();
     let e = f.forward_tensor(&x).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::NeuronOutOfRange { layer: Some(2), neuron: 99, intermediate: 24 }), "{e}");
+    assert!(
+        matches!(
+            e.kind(),
+            ErrorKind::NeuronOutOfRange {
+                layer: Some(2),
+                neuron: 99,
+                intermediate: 24
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn empty_tensors_and_specs() {
-    assert!(matches!(FfnSpec::new(0, 4, Activation::Relu, true).unwrap_err().kind(), ErrorKind::Config { setting, .. } if setting == "hidden"));
-    assert!(matches!(FfnSpec::new(4, 0, Activation::Relu, true).unwrap_err().kind(), ErrorKind::Config { setting, .. } if setting == "intermediate"));
+    assert!(
+        matches!(FfnSpec::new(0, 4, Activation::Relu, true).unwrap_err().kind(), ErrorKind::Config { setting, .. } if setting == "hidden")
+    );
+    assert!(
+        matches!(FfnSpec::new(4, 0, Activation::Relu, true).unwrap_err().kind(), ErrorKind::Config { setting, .. } if setting == "intermediate")
+    );
     assert!(FfnSpec::new(4, 4, Activation::DRelu, false).is_err());
     let s = spec();
     let empty = Tensor::zeros((0, 16), DType::F32, &Device::Cpu).unwrap();
     let w = Weights::random(&s, 1);
-    let e = NeuronBundles::from_weights(s, FfnWeights::gated(&empty, &w.up, &w.down), WeightDType::F32).unwrap_err();
+    let e = NeuronBundles::from_weights(
+        s,
+        FfnWeights::gated(&empty, &w.up, &w.down),
+        WeightDType::F32,
+    )
+    .unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::Shape { tensor, .. } if tensor == "gate_proj.weight"));
 }
 
@@ -103,43 +168,86 @@ fn nan_inputs_and_weights() {
     let e = ffn().forward_tensor(&xt).unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::NonFinite { tensor, index: 21 } if tensor == "input"));
     let mut out = vec![0.0; 32];
-    assert!(matches!(ffn().forward_f32(&x, 2, &mut out).unwrap_err().kind(), ErrorKind::NonFinite { index: 21, .. }));
+    assert!(matches!(
+        ffn().forward_f32(&x, 2, &mut out).unwrap_err().kind(),
+        ErrorKind::NonFinite { index: 21, .. }
+    ));
     // Infinity in bf16 input.
-    let xt = Tensor::from_vec(vec![f32::INFINITY; 16], (1, 16), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
-    assert!(matches!(ffn().forward_tensor(&xt).unwrap_err().kind(), ErrorKind::NonFinite { index: 0, .. }));
+    let xt = Tensor::from_vec(vec![f32::INFINITY; 16], (1, 16), &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    assert!(matches!(
+        ffn().forward_tensor(&xt).unwrap_err().kind(),
+        ErrorKind::NonFinite { index: 0, .. }
+    ));
     // NaN in a weight.
     let s = spec();
     let w = Weights::random(&s, 1);
     let mut d: Vec<f32> = w.down.flatten_all().unwrap().to_vec1().unwrap();
     d[5] = f32::NAN;
     let down = Tensor::from_vec(d, (16, 24), &Device::Cpu).unwrap();
-    let e = NeuronBundles::from_weights(s, FfnWeights::gated(w.gate.as_ref().unwrap(), &w.up, &down), WeightDType::F16).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::NonFinite { tensor, .. } if tensor == "down_proj.weight"));
+    let e = NeuronBundles::from_weights(
+        s,
+        FfnWeights::gated(w.gate.as_ref().unwrap(), &w.up, &down),
+        WeightDType::F16,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::NonFinite { tensor, .. } if tensor == "down_proj.weight")
+    );
 }
 
 #[test]
 fn bad_budgets_and_frequencies() {
     let f = vec![vec![0.5, 0.1], vec![0.2]];
-    assert!(matches!(plan_placement(&f, &[10, 10], 0).unwrap_err().kind(), ErrorKind::Budget { budget: 0, .. }));
-    assert!(matches!(plan_placement(&f, &[10, 10], 9).unwrap_err().kind(), ErrorKind::Budget { budget: 9, .. }));
-    assert!(matches!(plan_placement(&f, &[10], 100).unwrap_err().kind(), ErrorKind::LayerCount { .. }));
+    assert!(matches!(
+        plan_placement(&f, &[10, 10], 0).unwrap_err().kind(),
+        ErrorKind::Budget { budget: 0, .. }
+    ));
+    assert!(matches!(
+        plan_placement(&f, &[10, 10], 9).unwrap_err().kind(),
+        ErrorKind::Budget { budget: 9, .. }
+    ));
+    assert!(matches!(
+        plan_placement(&f, &[10], 100).unwrap_err().kind(),
+        ErrorKind::LayerCount { .. }
+    ));
     let nan = vec![vec![0.5, f64::NAN]];
-    assert!(matches!(plan_placement(&nan, &[10], 100).unwrap_err().kind(), ErrorKind::NonFinite { index: 1, .. }));
+    assert!(matches!(
+        plan_placement(&nan, &[10], 100).unwrap_err().kind(),
+        ErrorKind::NonFinite { index: 1, .. }
+    ));
 }
 
 #[test]
 fn bad_predictor_settings() {
-    assert!(matches!(GateFirst::new(-1.0).unwrap_err().kind(), ErrorKind::Config { .. }));
+    assert!(matches!(
+        GateFirst::new(-1.0).unwrap_err().kind(),
+        ErrorKind::Config { .. }
+    ));
     assert!(GateFirst::new(f32::NAN).is_err());
     let fc1 = Tensor::zeros((4, 16), DType::F32, &Device::Cpu).unwrap();
     let fc2 = Tensor::zeros((24, 5), DType::F32, &Device::Cpu).unwrap();
-    assert!(matches!(LowRank::new(&fc1, &fc2, 0.0).unwrap_err().kind(), ErrorKind::Shape { tensor, .. } if tensor == "predictor.fc2.weight"));
+    assert!(
+        matches!(LowRank::new(&fc1, &fc2, 0.0).unwrap_err().kind(), ErrorKind::Shape { tensor, .. } if tensor == "predictor.fc2.weight")
+    );
     // A predictor for a different layer size fails at predict time with the sizes named.
     let fc2 = Tensor::zeros((30, 4), DType::F32, &Device::Cpu).unwrap();
     let f = ffn().with_predictor(LowRank::new(&fc1, &fc2, 0.0).unwrap());
     let x = Tensor::ones((1, 16), DType::F32, &Device::Cpu).unwrap();
-    assert!(matches!(f.forward_tensor(&x).unwrap_err().kind(), ErrorKind::Shape { .. }));
-    let e = HybridFfn::new(ffn().bundles().clone(), HybridOptions { threads: 0, ..Default::default() }).unwrap_err();
+    assert!(matches!(
+        f.forward_tensor(&x).unwrap_err().kind(),
+        ErrorKind::Shape { .. }
+    ));
+    let e = HybridFfn::new(
+        ffn().bundles().clone(),
+        HybridOptions {
+            threads: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::Config { setting, .. } if setting == "threads"));
 }
 
@@ -148,11 +256,20 @@ fn var_builder_missing_tensor_is_named() {
     let s = spec();
     let w = Weights::random(&s, 1);
     let mut m = HashMap::new();
-    m.insert("model.layers.3.mlp.gate_proj.weight".to_string(), w.gate.clone().unwrap());
-    m.insert("model.layers.3.mlp.down_proj.weight".to_string(), w.down.clone());
+    m.insert(
+        "model.layers.3.mlp.gate_proj.weight".to_string(),
+        w.gate.clone().unwrap(),
+    );
+    m.insert(
+        "model.layers.3.mlp.down_proj.weight".to_string(),
+        w.down.clone(),
+    );
     let vb = VarBuilder::from_tensors(m, DType::F32, &Device::Cpu);
     let e = HybridFfn::load(s, vb.pp("model.layers.3.mlp"), HybridOptions::default()).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::MissingTensor { name } if name == "model.layers.3.mlp.up_proj.weight"), "{e}");
+    assert!(
+        matches!(e.kind(), ErrorKind::MissingTensor { name } if name == "model.layers.3.mlp.up_proj.weight"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -162,8 +279,14 @@ fn var_builder_load_matches_dense() {
     let mut m = HashMap::new();
     m.insert("fc1.weight".to_string(), w.up.clone());
     m.insert("fc2.weight".to_string(), w.down.clone());
-    m.insert("fc1.bias".to_string(), Tensor::ones(24, DType::F32, &Device::Cpu).unwrap());
-    m.insert("fc2.bias".to_string(), Tensor::ones(16, DType::F32, &Device::Cpu).unwrap());
+    m.insert(
+        "fc1.bias".to_string(),
+        Tensor::ones(24, DType::F32, &Device::Cpu).unwrap(),
+    );
+    m.insert(
+        "fc2.bias".to_string(),
+        Tensor::ones(16, DType::F32, &Device::Cpu).unwrap(),
+    );
     let vb = VarBuilder::from_tensors(m, DType::BF16, &Device::Cpu);
     let f = HybridFfn::load(s, vb, HybridOptions::default()).unwrap();
     assert_eq!(f.bundles().dtype(), WeightDType::BF16);
@@ -171,7 +294,11 @@ fn var_builder_load_matches_dense() {
     let (_, up, down) = f.bundles().to_dense_f32().unwrap();
     let b1 = Tensor::ones(24, DType::F32, &Device::Cpu).unwrap();
     let b2 = Tensor::ones(16, DType::F32, &Device::Cpu).unwrap();
-    let wts = FfnWeights { up_bias: Some(&b1), down_bias: Some(&b2), ..FfnWeights::ungated(&up, &down) };
+    let wts = FfnWeights {
+        up_bias: Some(&b1),
+        down_bias: Some(&b2),
+        ..FfnWeights::ungated(&up, &down)
+    };
     let r = powerinfer::dense_reference(&x, &s, wts).unwrap();
     assert!(rel_err(&f.forward(&x).unwrap(), &r) < 1e-5);
 }

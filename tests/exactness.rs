@@ -33,26 +33,36 @@ fn case() -> impl Strategy<Value = Case> {
     (
         (1usize..=72, 1usize..=160, 1usize..=8, 1usize..=4),
         (0usize..5, any::<bool>(), 0usize..3, 0usize..3),
-        (proptest::sample::select(tiers), prop_oneof![Just(0.0), Just(1.0), 0.0..1.0f64]),
+        (
+            proptest::sample::select(tiers),
+            prop_oneof![Just(0.0), Just(1.0), 0.0..1.0f64],
+        ),
         (prop_oneof![Just(0.0), Just(1.0), 0.0..1.0f64], any::<u64>()),
     )
-        .prop_map(|((hidden, inter, rows, threads), (a, gated, d, i), (tier, hot_frac), (active_frac, seed))| {
-            let act = ACTIVATIONS[a];
-            Case {
-                hidden,
-                inter,
-                rows,
-                threads,
-                act,
-                gated: gated || act == Activation::DRelu,
-                dtype: DTYPES[d],
-                input: [DType::F32, DType::F16, DType::BF16][i],
-                tier,
-                hot_frac,
-                active_frac,
-                seed,
-            }
-        })
+        .prop_map(
+            |(
+                (hidden, inter, rows, threads),
+                (a, gated, d, i),
+                (tier, hot_frac),
+                (active_frac, seed),
+            )| {
+                let act = ACTIVATIONS[a];
+                Case {
+                    hidden,
+                    inter,
+                    rows,
+                    threads,
+                    act,
+                    gated: gated || act == Activation::DRelu,
+                    dtype: DTYPES[d],
+                    input: [DType::F32, DType::F16, DType::BF16][i],
+                    tier,
+                    hot_frac,
+                    active_frac,
+                    seed,
+                }
+            },
+        )
 }
 
 struct Built {
@@ -68,15 +78,23 @@ fn build(c: &Case) -> Built {
     let w = Weights::random(&spec, c.seed);
     let bundles = NeuronBundles::from_weights(spec, w.view(), c.dtype).unwrap();
     let mut rng = StdRng::seed_from_u64(c.seed ^ 0x5eed);
-    let hot: Vec<u32> = (0..c.inter as u32).filter(|_| rng.random_bool(c.hot_frac)).collect();
+    let hot: Vec<u32> = (0..c.inter as u32)
+        .filter(|_| rng.random_bool(c.hot_frac))
+        .collect();
     let mask: Vec<Vec<bool>> = (0..c.rows)
-        .map(|_| (0..c.inter).map(|_| rng.random_bool(c.active_frac)).collect())
+        .map(|_| {
+            (0..c.inter)
+                .map(|_| rng.random_bool(c.active_frac))
+                .collect()
+        })
         .collect();
     let sets = mask
         .iter()
         .map(|m| (0..c.inter as u32).filter(|&i| m[i as usize]).collect())
         .collect();
-    let x = tensor(&mut rng, &[c.rows, c.hidden], 1.0).to_dtype(c.input).unwrap();
+    let x = tensor(&mut rng, &[c.rows, c.hidden], 1.0)
+        .to_dtype(c.input)
+        .unwrap();
     let opts = HybridOptions {
         threads: c.threads,
         cpu_tier: Some(c.tier),
@@ -86,7 +104,13 @@ fn build(c: &Case) -> Built {
         .unwrap()
         .with_placement(LayerPlacement::new(c.inter, hot, None).unwrap())
         .unwrap();
-    Built { spec, ffn, x, sets, mask }
+    Built {
+        spec,
+        ffn,
+        x,
+        sets,
+        mask,
+    }
 }
 
 fn check_oracle(c: &Case) -> Result<(), TestCaseError> {
@@ -101,10 +125,23 @@ fn check_oracle(c: &Case) -> Result<(), TestCaseError> {
     // Determinism: the same call gives the same bits.
     let y2 = ffn.forward(&b.x).unwrap();
     let (a, z): (Vec<f32>, Vec<f32>) = (
-        y.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap(),
-        y2.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap(),
+        y.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap(),
+        y2.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap(),
     );
-    prop_assert!(a.iter().zip(&z).all(|(p, q)| p.to_bits() == q.to_bits()), "not deterministic");
+    prop_assert!(
+        a.iter().zip(&z).all(|(p, q)| p.to_bits() == q.to_bits()),
+        "not deterministic"
+    );
     Ok(())
 }
 
@@ -146,7 +183,9 @@ fn edge_shapes() {
     for tier in CpuTier::supported() {
         for &hidden in &sizes {
             for &inter in &[1usize, 7, 16, 17, 64, 65] {
-                for &(hot_frac, active_frac) in &[(0.0, 0.0), (1.0, 1.0), (0.0, 1.0), (1.0, 0.0), (0.5, 0.5)] {
+                for &(hot_frac, active_frac) in
+                    &[(0.0, 0.0), (1.0, 1.0), (0.0, 1.0), (1.0, 0.0), (0.5, 0.5)]
+                {
                     let c = Case {
                         hidden,
                         inter,
@@ -173,7 +212,8 @@ fn edge_shapes() {
 fn zero_rows() {
     let spec = FfnSpec::new(8, 4, Activation::Relu, true).unwrap();
     let w = Weights::random(&spec, 1);
-    let ffn = HybridFfn::from_weights(spec, w.view(), WeightDType::F32, HybridOptions::default()).unwrap();
+    let ffn = HybridFfn::from_weights(spec, w.view(), WeightDType::F32, HybridOptions::default())
+        .unwrap();
     let x = Tensor::zeros((2, 0, 8), DType::F32, &Device::Cpu).unwrap();
     assert_eq!(ffn.forward(&x).unwrap().dims(), &[2, 0, 8]);
 }
@@ -203,11 +243,16 @@ fn low_rank_missed_neuron_equals_dense_without_it() {
         .with_predictor(LowRank::new(&fc1, &fc2, 0.0).unwrap());
     let y = ffn.forward(&x).unwrap();
     assert_eq!(ffn.last_active(), inter - 1);
-    let mask: Vec<Vec<bool>> = (0..2).map(|_| (0..inter).map(|i| i != missed).collect()).collect();
+    let mask: Vec<Vec<bool>> = (0..2)
+        .map(|_| (0..inter).map(|i| i != missed).collect())
+        .collect();
     let r = masked_reference(&x, &spec, ffn.bundles(), Some(&mask));
     assert!(rel_err(&y, &r) <= 1e-5, "{}", rel_err(&y, &r));
     let full = dense(&x, &spec, ffn.bundles());
-    assert!(rel_err(&y, &full) > 1e-4, "the missed neuron must change the output");
+    assert!(
+        rel_err(&y, &full) > 1e-4,
+        "the missed neuron must change the output"
+    );
 }
 
 /// Same input, same bits, across repeated calls and thread counts' own runs.
@@ -222,14 +267,35 @@ fn deterministic_across_runs() {
             spec,
             w.view(),
             WeightDType::BF16,
-            HybridOptions { threads, ..Default::default() },
+            HybridOptions {
+                threads,
+                ..Default::default()
+            },
         )
         .unwrap()
         .with_placement(LayerPlacement::new(300, (0..300).step_by(3).collect(), None).unwrap())
         .unwrap();
-        let first: Vec<u32> = ffn.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect();
+        let first: Vec<u32> = ffn
+            .forward(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
         for _ in 0..20 {
-            let again: Vec<u32> = ffn.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect();
+            let again: Vec<u32> = ffn
+                .forward(&x)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
             assert_eq!(first, again, "threads={threads}");
         }
     }

@@ -18,13 +18,21 @@ fn check(w: &[f32], x: &[f32], a: f32) -> Result<(), TestCaseError> {
         wh.iter().map(|v| v.to_f64()).collect(),
         wb.iter().map(|v| v.to_f64()).collect(),
     ];
-    let mag: f64 = w.iter().zip(x).map(|(p, q)| (p * q).abs() as f64).sum::<f64>() + 1e-6;
+    let mag: f64 = w
+        .iter()
+        .zip(x)
+        .map(|(p, q)| (p * q).abs() as f64)
+        .sum::<f64>()
+        + 1e-6;
     for tier in CpuTier::supported() {
         let k = Kernels::new(tier).unwrap();
         let dots = [k.dot_f32(w, x), k.dot_f16(&wh, x), k.dot_bf16(&wb, x)];
         for (d, e) in dots.iter().zip(&exact) {
             let r = naive_dot(e, x);
-            prop_assert!(((*d as f64) - r).abs() <= 1e-5 * mag, "{tier} dot n={n}: {d} vs {r}");
+            prop_assert!(
+                ((*d as f64) - r).abs() <= 1e-5 * mag,
+                "{tier} dot n={n}: {d} vs {r}"
+            );
         }
         let y0: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
         let mut ys = [y0.clone(), y0.clone(), y0.clone()];
@@ -35,7 +43,11 @@ fn check(w: &[f32], x: &[f32], a: f32) -> Result<(), TestCaseError> {
             for i in 0..n {
                 let r = y0[i] as f64 + a as f64 * e[i];
                 let tol = 1e-6 * (y0[i].abs() as f64 + (a as f64 * e[i]).abs() + 1e-6);
-                prop_assert!((y[i] as f64 - r).abs() <= tol, "{tier} axpy n={n} i={i}: {} vs {r}", y[i]);
+                prop_assert!(
+                    (y[i] as f64 - r).abs() <= tol,
+                    "{tier} axpy n={n} i={i}: {} vs {r}",
+                    y[i]
+                );
             }
         }
     }
@@ -58,8 +70,12 @@ proptest! {
 
 #[test]
 fn edge_lengths() {
-    for n in [0usize, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129] {
-        let w: Vec<f32> = (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.25).collect();
+    for n in [
+        0usize, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129,
+    ] {
+        let w: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.25)
+            .collect();
         let x: Vec<f32> = (0..n).map(|i| ((i * 13 % 7) as f32 - 3.0) * 0.5).collect();
         check(&w, &x, 0.75).unwrap();
     }

@@ -54,13 +54,20 @@ fn stats_count_active_neurons() {
     let gate = Tensor::from_vec(g, (6, 8), &Device::Cpu).unwrap();
     let up = Tensor::ones((6, 8), DType::F32, &Device::Cpu).unwrap();
     let down = Tensor::ones((8, 6), DType::F32, &Device::Cpu).unwrap();
-    let ffn = HybridFfn::from_weights(spec, powerinfer::FfnWeights::gated(&gate, &up, &down), WeightDType::F32, HybridOptions::default()).unwrap();
+    let ffn = HybridFfn::from_weights(
+        spec,
+        powerinfer::FfnWeights::gated(&gate, &up, &down),
+        WeightDType::F32,
+        HybridOptions::default(),
+    )
+    .unwrap();
     ffn.enable_stats(0.0);
     let mut x = vec![0f32; 3 * 8];
     x[0] = 1.0;
     x[8] = 1.0;
     x[16] = -1.0;
-    ffn.forward(&Tensor::from_vec(x, (3, 8), &Device::Cpu).unwrap()).unwrap();
+    ffn.forward(&Tensor::from_vec(x, (3, 8), &Device::Cpu).unwrap())
+        .unwrap();
     let s = ffn.take_stats().unwrap();
     assert_eq!(s.tokens, 3);
     assert_eq!(s.counts, vec![1, 1, 1, 2, 2, 2]);
@@ -72,7 +79,10 @@ fn stats_count_active_neurons() {
 fn force_dense_and_dense_prefill_bypass_the_predictor() {
     let spec = FfnSpec::new(16, 32, Activation::Silu, true).unwrap();
     let w = Weights::random(&spec, 2);
-    let opts = HybridOptions { prefill: powerinfer::PrefillPolicy::DenseFrom(4), ..Default::default() };
+    let opts = HybridOptions {
+        prefill: powerinfer::PrefillPolicy::DenseFrom(4),
+        ..Default::default()
+    };
     let ffn = HybridFfn::from_weights(spec, w.view(), WeightDType::F32, opts)
         .unwrap()
         .with_predictor(powerinfer::Oracle::new(vec![vec![1, 2]]));

@@ -30,7 +30,12 @@ pub const CPU_TIER_ENV: &str = "POWERINFER_CPU";
 
 impl CpuTier {
     /// Every tier, best last.
-    pub const ALL: [CpuTier; 4] = [CpuTier::Scalar, CpuTier::Neon, CpuTier::Avx2, CpuTier::Avx512];
+    pub const ALL: [CpuTier; 4] = [
+        CpuTier::Scalar,
+        CpuTier::Neon,
+        CpuTier::Avx2,
+        CpuTier::Avx512,
+    ];
 
     /// True when this CPU can run the tier.
     pub fn is_supported(self) -> bool {

@@ -12,7 +12,7 @@ mod sparse;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use kernels::{CpuTier, Kernels, CPU_TIER_ENV};
 pub(crate) use kernels::RowElem;
+pub use kernels::{CpuTier, Kernels, CPU_TIER_ENV};
 pub use pool::{share, Pool};
 pub(crate) use sparse::{SparseJob, ThreadScratch};

@@ -84,8 +84,16 @@ pub(crate) unsafe fn dot<S: Simd, E: Elem>(w: &[E], x: &[f32]) -> f32 {
         while i + 4 * l <= n {
             a0 = S::fma(E::load::<S>(wp.add(i)), S::load(xp.add(i)), a0);
             a1 = S::fma(E::load::<S>(wp.add(i + l)), S::load(xp.add(i + l)), a1);
-            a2 = S::fma(E::load::<S>(wp.add(i + 2 * l)), S::load(xp.add(i + 2 * l)), a2);
-            a3 = S::fma(E::load::<S>(wp.add(i + 3 * l)), S::load(xp.add(i + 3 * l)), a3);
+            a2 = S::fma(
+                E::load::<S>(wp.add(i + 2 * l)),
+                S::load(xp.add(i + 2 * l)),
+                a2,
+            );
+            a3 = S::fma(
+                E::load::<S>(wp.add(i + 3 * l)),
+                S::load(xp.add(i + 3 * l)),
+                a3,
+            );
             i += 4 * l;
         }
         while i + l <= n {
@@ -122,7 +130,10 @@ pub(crate) unsafe fn axpy<S: Simd, E: Elem>(y: &mut [f32], a: f32, w: &[E]) {
             i += 2 * l;
         }
         while i + l <= n {
-            S::store(yp.add(i), S::fma(va, E::load::<S>(wp.add(i)), S::load(yp.add(i))));
+            S::store(
+                yp.add(i),
+                S::fma(va, E::load::<S>(wp.add(i)), S::load(yp.add(i))),
+            );
             i += l;
         }
     }

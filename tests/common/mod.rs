@@ -53,7 +53,12 @@ impl Weights {
 
 /// Dense FFN with per-row neuron masks (`mask[r][i]` false removes neuron i from row r), written
 /// with candle ops in f32 on the exact stored weights.
-pub fn masked_reference(x: &Tensor, spec: &FfnSpec, b: &NeuronBundles, mask: Option<&[Vec<bool>]>) -> Tensor {
+pub fn masked_reference(
+    x: &Tensor,
+    spec: &FfnSpec,
+    b: &NeuronBundles,
+    mask: Option<&[Vec<bool>]>,
+) -> Tensor {
     let (gate, up, down) = b.to_dense_f32().unwrap();
     let x = x.to_dtype(DType::F32).unwrap();
     let rows = x.elem_count() / spec.hidden;
@@ -71,13 +76,19 @@ pub fn masked_reference(x: &Tensor, spec: &FfnSpec, b: &NeuronBundles, mask: Opt
     };
     let h = match mask {
         Some(m) => {
-            let flat: Vec<f32> = m.iter().flat_map(|r| r.iter().map(|&b| if b { 1.0 } else { 0.0 })).collect();
+            let flat: Vec<f32> = m
+                .iter()
+                .flat_map(|r| r.iter().map(|&b| if b { 1.0 } else { 0.0 }))
+                .collect();
             let m = Tensor::from_vec(flat, (rows, spec.intermediate), &Device::Cpu).unwrap();
             (h * m).unwrap()
         }
         None => h,
     };
-    h.matmul(&down.t().unwrap()).unwrap().reshape(x.dims()).unwrap()
+    h.matmul(&down.t().unwrap())
+        .unwrap()
+        .reshape(x.dims())
+        .unwrap()
 }
 
 /// The plain dense reference on the stored weights (for unmasked comparisons).
@@ -92,11 +103,26 @@ pub fn dense(x: &Tensor, spec: &FfnSpec, b: &NeuronBundles) -> Tensor {
 
 /// Max |a - b| relative to max |b| (with a floor so all-zero references compare absolutely).
 pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let a: Vec<f32> = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    let b: Vec<f32> = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let a: Vec<f32> = a
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f32> = b
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
-    a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    a.iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
 }
 
 /// The weights are used exactly as stored, so only the input/output dtype sets the tolerance.
