@@ -24,8 +24,67 @@ fn check(w: &[f32], x: &[f32], a: f32) -> Result<(), TestCaseError> {
         .map(|(p, q)| (p * q).abs() as f64)
         .sum::<f64>()
         + 1e-6;
+    // Four-row variants: rows are w rotated, so each row differs.
+    let rot = |s: usize| -> Vec<f32> { (0..n).map(|i| w[(i + s) % n.max(1)]).collect() };
+    let rows4: Vec<Vec<f32>> = (0..4).map(rot).collect();
+    let rows4h: Vec<Vec<f16>> = rows4
+        .iter()
+        .map(|r| r.iter().map(|&v| f16::from_f32(v)).collect())
+        .collect();
+    let rows4b: Vec<Vec<bf16>> = rows4
+        .iter()
+        .map(|r| r.iter().map(|&v| bf16::from_f32(v)).collect())
+        .collect();
+    let exact4: [Vec<Vec<f64>>; 3] = [
+        rows4
+            .iter()
+            .map(|r| r.iter().map(|&v| v as f64).collect())
+            .collect(),
+        rows4h
+            .iter()
+            .map(|r| r.iter().map(|v| v.to_f64()).collect())
+            .collect(),
+        rows4b
+            .iter()
+            .map(|r| r.iter().map(|v| v.to_f64()).collect())
+            .collect(),
+    ];
+    let a4 = [a, -0.5 * a, 0.25, 1.5];
     for tier in CpuTier::supported() {
         let k = Kernels::new(tier).unwrap();
+        let d4 = [
+            k.dot4_f32(std::array::from_fn(|j| &rows4[j][..]), x),
+            k.dot4_f16(std::array::from_fn(|j| &rows4h[j][..]), x),
+            k.dot4_bf16(std::array::from_fn(|j| &rows4b[j][..]), x),
+        ];
+        for (d, e) in d4.iter().zip(&exact4) {
+            for j in 0..4 {
+                let r = naive_dot(&e[j], x);
+                prop_assert!(
+                    ((d[j] as f64) - r).abs() <= 1e-5 * mag,
+                    "{tier} dot4 n={n} row {j}: {} vs {r}",
+                    d[j]
+                );
+            }
+        }
+        let y0: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
+        let mut ys = [y0.clone(), y0.clone(), y0.clone()];
+        k.axpy4_f32(&mut ys[0], a4, std::array::from_fn(|j| &rows4[j][..]));
+        k.axpy4_f16(&mut ys[1], a4, std::array::from_fn(|j| &rows4h[j][..]));
+        k.axpy4_bf16(&mut ys[2], a4, std::array::from_fn(|j| &rows4b[j][..]));
+        for (y, e) in ys.iter().zip(&exact4) {
+            for i in 0..n {
+                let terms: Vec<f64> = (0..4).map(|j| a4[j] as f64 * e[j][i]).collect();
+                let r = y0[i] as f64 + terms.iter().sum::<f64>();
+                let tol =
+                    1e-6 * (y0[i].abs() as f64 + terms.iter().map(|t| t.abs()).sum::<f64>() + 1e-6);
+                prop_assert!(
+                    (y[i] as f64 - r).abs() <= tol,
+                    "{tier} axpy4 n={n} i={i}: {} vs {r}",
+                    y[i]
+                );
+            }
+        }
         let dots = [k.dot_f32(w, x), k.dot_f16(&wh, x), k.dot_bf16(&wb, x)];
         for (d, e) in dots.iter().zip(&exact) {
             let r = naive_dot(e, x);

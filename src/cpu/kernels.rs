@@ -114,6 +114,8 @@ impl FromStr for CpuTier {
 
 type DotFn<E> = fn(&[E], &[f32]) -> f32;
 type AxpyFn<E> = fn(&mut [f32], f32, &[E]);
+type Dot4Fn<E> = fn([&[E]; 4], &[f32]) -> [f32; 4];
+type Axpy4Fn<E> = fn(&mut [f32], [f32; 4], [&[E]; 4]);
 
 /// Row kernels of one tier. Lengths: both operands are cut to the shorter one.
 #[derive(Clone, Copy)]
@@ -125,6 +127,12 @@ pub struct Kernels {
     axpy_f32: AxpyFn<f32>,
     axpy_f16: AxpyFn<f16>,
     axpy_bf16: AxpyFn<bf16>,
+    dot4_f32: Dot4Fn<f32>,
+    dot4_f16: Dot4Fn<f16>,
+    dot4_bf16: Dot4Fn<bf16>,
+    axpy4_f32: Axpy4Fn<f32>,
+    axpy4_f16: Axpy4Fn<f16>,
+    axpy4_bf16: Axpy4Fn<bf16>,
 }
 
 impl fmt::Debug for Kernels {
@@ -146,15 +154,31 @@ macro_rules! table {
             // SAFETY: only reachable through a table built after detecting these features.
             unsafe { simd::axpy::<$S, E>(y, a, w) }
         }
+        #[target_feature(enable = $feat)]
+        unsafe fn dot4<E: simd::Elem>(w: [&[E]; 4], x: &[f32]) -> [f32; 4] {
+            // SAFETY: only reachable through a table built after detecting these features.
+            unsafe { simd::dot4::<$S, E>(w, x) }
+        }
+        #[target_feature(enable = $feat)]
+        unsafe fn axpy4<E: simd::Elem>(y: &mut [f32], a: [f32; 4], w: [&[E]; 4]) {
+            // SAFETY: only reachable through a table built after detecting these features.
+            unsafe { simd::axpy4::<$S, E>(y, a, w) }
+        }
         Kernels {
             tier: $tier,
-            // SAFETY (all six): `Kernels::new` builds this table only when `is_supported()`.
+            // SAFETY (all twelve): `Kernels::new` builds this table only when `is_supported()`.
             dot_f32: |w, x| unsafe { dot::<f32>(w, x) },
             dot_f16: |w, x| unsafe { dot::<f16>(w, x) },
             dot_bf16: |w, x| unsafe { dot::<bf16>(w, x) },
             axpy_f32: |y, a, w| unsafe { axpy::<f32>(y, a, w) },
             axpy_f16: |y, a, w| unsafe { axpy::<f16>(y, a, w) },
             axpy_bf16: |y, a, w| unsafe { axpy::<bf16>(y, a, w) },
+            dot4_f32: |w, x| unsafe { dot4::<f32>(w, x) },
+            dot4_f16: |w, x| unsafe { dot4::<f16>(w, x) },
+            dot4_bf16: |w, x| unsafe { dot4::<bf16>(w, x) },
+            axpy4_f32: |y, a, w| unsafe { axpy4::<f32>(y, a, w) },
+            axpy4_f16: |y, a, w| unsafe { axpy4::<f16>(y, a, w) },
+            axpy4_bf16: |y, a, w| unsafe { axpy4::<bf16>(y, a, w) },
         }
     }};
 }
@@ -182,13 +206,19 @@ impl Kernels {
     fn scalar() -> Kernels {
         Kernels {
             tier: CpuTier::Scalar,
-            // SAFETY (all six): the scalar tier needs no CPU feature.
+            // SAFETY (all twelve): the scalar tier needs no CPU feature.
             dot_f32: |w, x| unsafe { simd::dot::<Scalar, f32>(w, x) },
             dot_f16: |w, x| unsafe { simd::dot::<Scalar, f16>(w, x) },
             dot_bf16: |w, x| unsafe { simd::dot::<Scalar, bf16>(w, x) },
             axpy_f32: |y, a, w| unsafe { simd::axpy::<Scalar, f32>(y, a, w) },
             axpy_f16: |y, a, w| unsafe { simd::axpy::<Scalar, f16>(y, a, w) },
             axpy_bf16: |y, a, w| unsafe { simd::axpy::<Scalar, bf16>(y, a, w) },
+            dot4_f32: |w, x| unsafe { simd::dot4::<Scalar, f32>(w, x) },
+            dot4_f16: |w, x| unsafe { simd::dot4::<Scalar, f16>(w, x) },
+            dot4_bf16: |w, x| unsafe { simd::dot4::<Scalar, bf16>(w, x) },
+            axpy4_f32: |y, a, w| unsafe { simd::axpy4::<Scalar, f32>(y, a, w) },
+            axpy4_f16: |y, a, w| unsafe { simd::axpy4::<Scalar, f16>(y, a, w) },
+            axpy4_bf16: |y, a, w| unsafe { simd::axpy4::<Scalar, bf16>(y, a, w) },
         }
     }
 
@@ -232,6 +262,36 @@ impl Kernels {
         (self.axpy_bf16)(y, a, w)
     }
 
+    /// Four f32 rows dotted with the same `x`.
+    pub fn dot4_f32(&self, w: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
+        (self.dot4_f32)(w, x)
+    }
+
+    /// Four f16 rows dotted with the same `x`.
+    pub fn dot4_f16(&self, w: [&[f16]; 4], x: &[f32]) -> [f32; 4] {
+        (self.dot4_f16)(w, x)
+    }
+
+    /// Four bf16 rows dotted with the same `x`.
+    pub fn dot4_bf16(&self, w: [&[bf16]; 4], x: &[f32]) -> [f32; 4] {
+        (self.dot4_bf16)(w, x)
+    }
+
+    /// `y += a[0] w[0] + .. + a[3] w[3]` for f32 rows.
+    pub fn axpy4_f32(&self, y: &mut [f32], a: [f32; 4], w: [&[f32]; 4]) {
+        (self.axpy4_f32)(y, a, w)
+    }
+
+    /// `y += a[0] w[0] + .. + a[3] w[3]` for f16 rows.
+    pub fn axpy4_f16(&self, y: &mut [f32], a: [f32; 4], w: [&[f16]; 4]) {
+        (self.axpy4_f16)(y, a, w)
+    }
+
+    /// `y += a[0] w[0] + .. + a[3] w[3]` for bf16 rows.
+    pub fn axpy4_bf16(&self, y: &mut [f32], a: [f32; 4], w: [&[bf16]; 4]) {
+        (self.axpy4_bf16)(y, a, w)
+    }
+
     /// The dot kernel for storage element `E`.
     pub(crate) fn dot<E: RowElem>(&self) -> DotFn<E> {
         E::dot(self)
@@ -241,16 +301,28 @@ impl Kernels {
     pub(crate) fn axpy<E: RowElem>(&self) -> AxpyFn<E> {
         E::axpy(self)
     }
+
+    /// The four-row dot kernel for storage element `E`.
+    pub(crate) fn dot4<E: RowElem>(&self) -> Dot4Fn<E> {
+        E::dot4(self)
+    }
+
+    /// The four-row axpy kernel for storage element `E`.
+    pub(crate) fn axpy4<E: RowElem>(&self) -> Axpy4Fn<E> {
+        E::axpy4(self)
+    }
 }
 
 /// Storage elements with kernels in every table.
 pub(crate) trait RowElem: simd::Elem + Send + Sync + 'static {
     fn dot(k: &Kernels) -> DotFn<Self>;
     fn axpy(k: &Kernels) -> AxpyFn<Self>;
+    fn axpy4(k: &Kernels) -> Axpy4Fn<Self>;
+    fn dot4(k: &Kernels) -> Dot4Fn<Self>;
 }
 
 macro_rules! row_elem {
-    ($t:ty, $dot:ident, $axpy:ident) => {
+    ($t:ty, $dot:ident, $axpy:ident, $axpy4:ident, $dot4:ident) => {
         impl RowElem for $t {
             fn dot(k: &Kernels) -> DotFn<Self> {
                 k.$dot
@@ -258,9 +330,15 @@ macro_rules! row_elem {
             fn axpy(k: &Kernels) -> AxpyFn<Self> {
                 k.$axpy
             }
+            fn axpy4(k: &Kernels) -> Axpy4Fn<Self> {
+                k.$axpy4
+            }
+            fn dot4(k: &Kernels) -> Dot4Fn<Self> {
+                k.$dot4
+            }
         }
     };
 }
-row_elem!(f32, dot_f32, axpy_f32);
-row_elem!(f16, dot_f16, axpy_f16);
-row_elem!(bf16, dot_bf16, axpy_bf16);
+row_elem!(f32, dot_f32, axpy_f32, axpy4_f32, dot4_f32);
+row_elem!(f16, dot_f16, axpy_f16, axpy4_f16, dot4_f16);
+row_elem!(bf16, dot_bf16, axpy_bf16, axpy4_bf16, dot4_bf16);

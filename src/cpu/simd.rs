@@ -109,6 +109,54 @@ pub(crate) unsafe fn dot<S: Simd, E: Elem>(w: &[E], x: &[f32]) -> f32 {
     }
 }
 
+/// Four dot products of four rows against the same `x`: `x` is loaded once for all four.
+///
+/// # Safety
+/// The CPU must have `S`'s features.
+#[inline(always)]
+pub(crate) unsafe fn dot4<S: Simd, E: Elem>(w: [&[E]; 4], x: &[f32]) -> [f32; 4] {
+    let n = w.iter().fold(x.len(), |n, r| n.min(r.len()));
+    let p = w.map(|r| r.as_ptr());
+    let xp = x.as_ptr();
+    let l = S::LANES;
+    let mut i = 0;
+    // SAFETY: offsets stay under `n`, within `x` and all four rows; CPU features are the caller's
+    // contract.
+    let mut out = unsafe {
+        let mut a = [S::zero(), S::zero(), S::zero(), S::zero()];
+        let mut b = [S::zero(), S::zero(), S::zero(), S::zero()];
+        while i + 2 * l <= n {
+            let x0 = S::load(xp.add(i));
+            let x1 = S::load(xp.add(i + l));
+            for k in 0..4 {
+                a[k] = S::fma(E::load::<S>(p[k].add(i)), x0, a[k]);
+                b[k] = S::fma(E::load::<S>(p[k].add(i + l)), x1, b[k]);
+            }
+            i += 2 * l;
+        }
+        while i + l <= n {
+            let x0 = S::load(xp.add(i));
+            for k in 0..4 {
+                a[k] = S::fma(E::load::<S>(p[k].add(i)), x0, a[k]);
+            }
+            i += l;
+        }
+        [
+            S::hsum(S::add(a[0], b[0])),
+            S::hsum(S::add(a[1], b[1])),
+            S::hsum(S::add(a[2], b[2])),
+            S::hsum(S::add(a[3], b[3])),
+        ]
+    };
+    while i < n {
+        for k in 0..4 {
+            out[k] += w[k][i].to_f32() * x[i];
+        }
+        i += 1;
+    }
+    out
+}
+
 /// `y[i] += a * w[i]` over `min(y.len(), w.len())` elements.
 ///
 /// # Safety
@@ -139,6 +187,41 @@ pub(crate) unsafe fn axpy<S: Simd, E: Elem>(y: &mut [f32], a: f32, w: &[E]) {
     }
     while i < n {
         y[i] += a * w[i].to_f32();
+        i += 1;
+    }
+}
+
+/// `y[i] += a[0] * w0[i] + a[1] * w1[i] + a[2] * w2[i] + a[3] * w3[i]` over the common length:
+/// four rows per pass, so the accumulator is loaded and stored once for four weight rows.
+///
+/// # Safety
+/// The CPU must have `S`'s features.
+#[inline(always)]
+pub(crate) unsafe fn axpy4<S: Simd, E: Elem>(y: &mut [f32], a: [f32; 4], w: [&[E]; 4]) {
+    let n = w.iter().fold(y.len(), |n, r| n.min(r.len()));
+    let yp = y.as_mut_ptr();
+    let p = w.map(|r| r.as_ptr());
+    let l = S::LANES;
+    let mut i = 0;
+    // SAFETY: offsets stay under `n`, within `y` and all four rows; CPU features are the caller's
+    // contract.
+    unsafe {
+        let va = a.map(|v| S::splat(v));
+        while i + l <= n {
+            let mut acc = S::load(yp.add(i));
+            acc = S::fma(va[0], E::load::<S>(p[0].add(i)), acc);
+            acc = S::fma(va[1], E::load::<S>(p[1].add(i)), acc);
+            acc = S::fma(va[2], E::load::<S>(p[2].add(i)), acc);
+            acc = S::fma(va[3], E::load::<S>(p[3].add(i)), acc);
+            S::store(yp.add(i), acc);
+            i += l;
+        }
+    }
+    while i < n {
+        y[i] += a[0] * w[0][i].to_f32()
+            + a[1] * w[1][i].to_f32()
+            + a[2] * w[2][i].to_f32()
+            + a[3] * w[3][i].to_f32();
         i += 1;
     }
 }

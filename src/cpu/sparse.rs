@@ -14,6 +14,9 @@ use crate::predict::ActiveSet;
 /// that the rows' inputs and accumulators stay in L2.
 const ROW_BLOCK: usize = 8;
 
+/// Neurons whose down rows are accumulated together (one accumulator pass per group).
+const GROUP: usize = 4;
+
 /// One thread's reusable buffers.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ThreadScratch {
@@ -56,41 +59,87 @@ impl SparseJob<'_> {
         let spec = self.bundles.spec();
         let (h, rows, act) = (spec.hidden, self.rows, spec.activation);
         let stride = spec.rows_per_neuron() * h;
-        let (dot, axpy) = (self.kernels.dot::<E>(), self.kernels.axpy::<E>());
+        let (dot, axpy, axpy4, dot4) = (
+            self.kernels.dot::<E>(),
+            self.kernels.axpy::<E>(),
+            self.kernels.axpy4::<E>(),
+            self.kernels.dot4::<E>(),
+        );
         let gate_bias = self.bundles.gate_bias.as_deref();
         let up_bias = self.bundles.up_bias.as_deref();
         let set = self.set;
+        // `h` of neuron `i` for row `r`, or 0 when the neuron is not in the row's set.
+        let contribution = |b: &[E], i: usize, r: usize| -> f32 {
+            if !set.contains(r, i) {
+                return 0.0;
+            }
+            let xr = &self.x[r * h..(r + 1) * h];
+            let (gate, up) = if spec.gated {
+                (Some(&b[..h]), &b[h..2 * h])
+            } else {
+                (None, &b[..h])
+            };
+            let u = set
+                .known_up(r, i)
+                .unwrap_or_else(|| dot(up, xr) + up_bias.map_or(0.0, |b| b[i]));
+            match gate {
+                Some(g) => {
+                    let gv = set
+                        .known_gate(r, i)
+                        .unwrap_or_else(|| dot(g, xr) + gate_bias.map_or(0.0, |b| b[i]));
+                    act.gated(gv, u)
+                }
+                None => act.ungated(u),
+            }
+        };
+        let down_off = stride - h;
+        let up_off = if spec.gated { h } else { 0 };
+        let plain = !set.gate_known && !set.up_known;
         for rb in (0..rows).step_by(ROW_BLOCK) {
             let re = (rb + ROW_BLOCK).min(rows);
-            for (p, &i) in neurons.iter().enumerate() {
-                let i = i as usize;
-                let b = &w[i * stride..(i + 1) * stride];
-                let (gate, up, down) = if spec.gated {
-                    (Some(&b[..h]), &b[h..2 * h], &b[2 * h..])
-                } else {
-                    (None, &b[..h], &b[h..])
-                };
+            // Groups of four neurons: the accumulator row is read and written once per group.
+            for (g, group) in neurons.chunks(GROUP).enumerate() {
+                let bundles: [&[E]; GROUP] = std::array::from_fn(|k| {
+                    let i = group.get(k).map_or(group[0], |&i| i) as usize;
+                    &w[i * stride..(i + 1) * stride]
+                });
+                let full = group.len() == GROUP;
                 for r in rb..re {
-                    let v = if set.contains(r, i) {
+                    let mut hv = [0f32; GROUP];
+                    if full && plain && group.iter().all(|&i| set.contains(r, i as usize)) {
+                        // All four active, nothing precomputed: four rows per pass over x.
                         let xr = &self.x[r * h..(r + 1) * h];
-                        let u = set
-                            .known_up(r, i)
-                            .unwrap_or_else(|| dot(up, xr) + up_bias.map_or(0.0, |b| b[i]));
-                        match gate {
-                            Some(g) => {
-                                let gv = set.known_gate(r, i).unwrap_or_else(|| {
-                                    dot(g, xr) + gate_bias.map_or(0.0, |b| b[i])
-                                });
-                                act.gated(gv, u)
+                        let u = dot4(bundles.map(|b| &b[up_off..up_off + h]), xr);
+                        let bias =
+                            |b: Option<&[f32]>, k: usize| b.map_or(0.0, |b| b[group[k] as usize]);
+                        if spec.gated {
+                            let gv = dot4(bundles.map(|b| &b[..h]), xr);
+                            for k in 0..GROUP {
+                                hv[k] =
+                                    act.gated(gv[k] + bias(gate_bias, k), u[k] + bias(up_bias, k));
                             }
-                            None => act.ungated(u),
+                        } else {
+                            for k in 0..GROUP {
+                                hv[k] = act.ungated(u[k] + bias(up_bias, k));
+                            }
                         }
                     } else {
-                        0.0
-                    };
-                    st.h[p * rows + r] = v;
-                    if v != 0.0 {
-                        axpy(&mut st.acc[r * h..(r + 1) * h], v, down);
+                        for (k, &i) in group.iter().enumerate() {
+                            hv[k] = contribution(bundles[k], i as usize, r);
+                        }
+                    }
+                    for k in 0..group.len() {
+                        st.h[(g * GROUP + k) * rows + r] = hv[k];
+                    }
+                    let acc = &mut st.acc[r * h..(r + 1) * h];
+                    if group.len() == GROUP && hv.iter().all(|&v| v != 0.0) {
+                        axpy4(acc, hv, bundles.map(|b| &b[down_off..]));
+                    } else {
+                        for k in 0..group.len() {
+                            if hv[k] != 0.0 {
+                                axpy(acc, hv[k], &bundles[k][down_off..]);
+                            }
+                        }
                     }
                 }
             }
