@@ -124,24 +124,7 @@ fn check_oracle(c: &Case) -> Result<(), TestCaseError> {
     prop_assert!(e <= tolerance(c.input), "oracle rel err {e} for {c:?}");
     // Determinism: the same call gives the same bits.
     let y2 = ffn.forward(&b.x).unwrap();
-    let (a, z): (Vec<f32>, Vec<f32>) = (
-        y.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap(),
-        y2.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap(),
-    );
-    prop_assert!(
-        a.iter().zip(&z).all(|(p, q)| p.to_bits() == q.to_bits()),
-        "not deterministic"
-    );
+    prop_assert!(bits(&y) == bits(&y2), "not deterministic");
     Ok(())
 }
 
@@ -275,27 +258,9 @@ fn deterministic_across_runs() {
         .unwrap()
         .with_placement(LayerPlacement::new(300, (0..300).step_by(3).collect(), None).unwrap())
         .unwrap();
-        let first: Vec<u32> = ffn
-            .forward(&x)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
+        let first = bits(&ffn.forward(&x).unwrap());
         for _ in 0..20 {
-            let again: Vec<u32> = ffn
-                .forward(&x)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect();
+            let again = bits(&ffn.forward(&x).unwrap());
             assert_eq!(first, again, "threads={threads}");
         }
     }

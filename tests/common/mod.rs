@@ -101,22 +101,24 @@ pub fn dense(x: &Tensor, spec: &FfnSpec, b: &NeuronBundles) -> Tensor {
     dense_reference(&x.to_dtype(DType::F32).unwrap(), spec, w).unwrap()
 }
 
+/// All elements as f32, flattened.
+pub fn flat(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// All elements' f32 bit patterns, for bit-exact comparisons.
+pub fn bits(t: &Tensor) -> Vec<u32> {
+    flat(t).iter().map(|v| v.to_bits()).collect()
+}
+
 /// Max |a - b| relative to max |b| (with a floor so all-zero references compare absolutely).
 pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let a: Vec<f32> = a
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let b: Vec<f32> = b
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let (a, b) = (flat(a), flat(b));
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
     a.iter()
