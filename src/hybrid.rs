@@ -268,9 +268,9 @@ impl HybridFfn {
         let h = self.bundles.spec().hidden;
         if x.len() != rows * h {
             return Err(Error::shape(
-                "input",
-                &[Some(rows), Some(h)],
-                &[x.len() / h, x.len() % h],
+                "input (rows * hidden)",
+                &[Some(rows * h)],
+                &[x.len()],
             ));
         }
         if out.len() != rows * h {
