@@ -55,7 +55,7 @@ impl LayerPlacement {
     pub fn all_hot(intermediate: usize) -> Self {
         let hot: Vec<u32> = (0..intermediate as u32).collect();
         let mut is_hot = vec![u64::MAX; intermediate.div_ceil(64)];
-        if intermediate % 64 != 0 {
+        if !intermediate.is_multiple_of(64) {
             if let Some(last) = is_hot.last_mut() {
                 *last = (1u64 << (intermediate % 64)) - 1;
             }

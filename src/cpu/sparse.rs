@@ -128,16 +128,16 @@ impl SparseJob<'_> {
                             hv[k] = contribution(bundles[k], i as usize, r);
                         }
                     }
-                    for k in 0..group.len() {
-                        st.h[(g * GROUP + k) * rows + r] = hv[k];
+                    for (k, &v) in hv.iter().enumerate().take(group.len()) {
+                        st.h[(g * GROUP + k) * rows + r] = v;
                     }
                     let acc = &mut st.acc[r * h..(r + 1) * h];
                     if group.len() == GROUP && hv.iter().all(|&v| v != 0.0) {
                         axpy4(acc, hv, bundles.map(|b| &b[down_off..]));
                     } else {
-                        for k in 0..group.len() {
-                            if hv[k] != 0.0 {
-                                axpy(acc, hv[k], &bundles[k][down_off..]);
+                        for (&v, b) in hv.iter().zip(&bundles).take(group.len()) {
+                            if v != 0.0 {
+                                axpy(acc, v, &b[down_off..]);
                             }
                         }
                     }
