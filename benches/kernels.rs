@@ -1,0 +1,69 @@
+//! Row kernels per SIMD tier, the scalar reference in the same run (criterion).
+//!
+//! `cargo bench --bench kernels`. Rows of 4096 (the Llama-7B hidden size); throughput is the bytes
+//! of weights read. The working set stays in L2, so this measures the kernels, not DRAM.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use half::f16;
+use powerinfer::{CpuTier, Kernels};
+
+const N: usize = 4096;
+
+fn kernels(c: &mut Criterion) {
+    let x: Vec<f32> = (0..N).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
+    let w: Vec<Vec<f32>> = (0..4)
+        .map(|k| (0..N).map(|i| ((i + k) % 13) as f32 * 0.05 - 0.3).collect())
+        .collect();
+    let wh: Vec<Vec<f16>> = w
+        .iter()
+        .map(|r| r.iter().map(|&v| f16::from_f32(v)).collect())
+        .collect();
+    let tiers = CpuTier::supported();
+
+    let mut g = c.benchmark_group("dot");
+    for tier in &tiers {
+        let k = Kernels::new(*tier).unwrap();
+        g.throughput(Throughput::Bytes((N * 4) as u64));
+        g.bench_function(BenchmarkId::new("f32", tier), |b| {
+            b.iter(|| k.dot_f32(std::hint::black_box(&w[0]), &x))
+        });
+        g.throughput(Throughput::Bytes((N * 2) as u64));
+        g.bench_function(BenchmarkId::new("f16", tier), |b| {
+            b.iter(|| k.dot_f16(std::hint::black_box(&wh[0]), &x))
+        });
+        g.throughput(Throughput::Bytes((4 * N * 2) as u64));
+        g.bench_function(BenchmarkId::new("f16x4", tier), |b| {
+            b.iter(|| {
+                k.dot4_f16(
+                    std::array::from_fn(|j| std::hint::black_box(&wh[j][..])),
+                    &x,
+                )
+            })
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("axpy");
+    let mut y = vec![0f32; N];
+    for tier in &tiers {
+        let k = Kernels::new(*tier).unwrap();
+        g.throughput(Throughput::Bytes((N * 2) as u64));
+        g.bench_function(BenchmarkId::new("f16", tier), |b| {
+            b.iter(|| k.axpy_f16(&mut y, 1e-3, std::hint::black_box(&wh[0])))
+        });
+        g.throughput(Throughput::Bytes((4 * N * 2) as u64));
+        g.bench_function(BenchmarkId::new("f16x4", tier), |b| {
+            b.iter(|| {
+                k.axpy4_f16(
+                    &mut y,
+                    [1e-3, -1e-3, 2e-3, -2e-3],
+                    std::array::from_fn(|j| std::hint::black_box(&wh[j][..])),
+                )
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);
