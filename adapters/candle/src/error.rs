@@ -1,0 +1,179 @@
+//! Errors of the model adapter: one [`Error`] with a matchable [`ErrorKind`].
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Shorthand for results of this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// An error from loading, tokenizing, generating or fetching.
+#[derive(Debug)]
+pub struct Error {
+    kind: ErrorKind,
+}
+
+/// What went wrong.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Reading a file failed.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A model file is truncated or not in the format it claims.
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The model's architecture is not one this crate runs.
+    UnsupportedArchitecture {
+        /// The architecture named by the file.
+        arch: String,
+    },
+    /// A tensor the model needs is not in the file.
+    MissingTensor {
+        /// Its name.
+        name: String,
+    },
+    /// A metadata or config key the model needs is missing or has the wrong type.
+    MissingKey {
+        /// The key.
+        key: String,
+    },
+    /// The config names an activation the sparse FFN does not support.
+    UnknownActivation {
+        /// The name in the config.
+        name: String,
+    },
+    /// Building or running the tokenizer failed.
+    Tokenizer(String),
+    /// The prompt cannot be used (empty, or longer than the context).
+    Prompt {
+        /// Why.
+        reason: String,
+    },
+    /// Fetching the model or the text failed.
+    Fetch {
+        /// What was being fetched.
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// A fetched file does not have the pinned checksum.
+    Checksum {
+        /// The file.
+        path: PathBuf,
+        /// Expected sha256.
+        expected: String,
+        /// Actual sha256.
+        got: String,
+    },
+    /// An error from the sparse FFN engine.
+    Engine(powerinfer::Error),
+    /// An error from candle.
+    Candle(candle_core::Error),
+}
+
+impl Error {
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        ErrorKind::Io {
+            path: path.into(),
+            source,
+        }
+        .into()
+    }
+
+    pub(crate) fn format(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        ErrorKind::Format {
+            path: path.into(),
+            reason: reason.into(),
+        }
+        .into()
+    }
+
+    pub(crate) fn missing_key(key: impl Into<String>) -> Self {
+        ErrorKind::MissingKey { key: key.into() }.into()
+    }
+
+    pub(crate) fn fetch(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        ErrorKind::Fetch {
+            what: what.into(),
+            reason: reason.into(),
+        }
+        .into()
+    }
+}
+
+impl From<ErrorKind> for Error {
+    fn from(kind: ErrorKind) -> Self {
+        Error { kind }
+    }
+}
+
+impl From<powerinfer::Error> for Error {
+    fn from(e: powerinfer::Error) -> Self {
+        ErrorKind::Engine(e).into()
+    }
+}
+
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Self {
+        ErrorKind::Candle(e).into()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            ErrorKind::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            ErrorKind::Format { path, reason } => {
+                write!(f, "{}: not a valid model file: {reason}", path.display())
+            }
+            ErrorKind::UnsupportedArchitecture { arch } => write!(
+                f,
+                "unsupported architecture `{arch}` (supported: llama-family: llama, mistral, qwen2, smollm)"
+            ),
+            ErrorKind::MissingTensor { name } => write!(f, "missing tensor `{name}`"),
+            ErrorKind::MissingKey { key } => write!(f, "missing or invalid key `{key}`"),
+            ErrorKind::UnknownActivation { name } => write!(
+                f,
+                "unknown activation `{name}` (supported: silu, relu, gelu, gelu_pytorch_tanh, gelu_new)"
+            ),
+            ErrorKind::Tokenizer(e) => write!(f, "tokenizer: {e}"),
+            ErrorKind::Prompt { reason } => write!(f, "prompt: {reason}"),
+            ErrorKind::Fetch { what, reason } => write!(f, "fetching {what}: {reason}"),
+            ErrorKind::Checksum {
+                path,
+                expected,
+                got,
+            } => write!(
+                f,
+                "{}: sha256 {got}, expected {expected} (corrupt or wrong file; delete it to refetch)",
+                path.display()
+            ),
+            ErrorKind::Engine(e) => write!(f, "{e}"),
+            ErrorKind::Candle(e) => write!(f, "candle: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            ErrorKind::Io { source, .. } => Some(source),
+            ErrorKind::Engine(e) => Some(e),
+            ErrorKind::Candle(e) => Some(e),
+            _ => None,
+        }
+    }
+}

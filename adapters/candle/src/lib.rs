@@ -1,0 +1,49 @@
+//! # powerinfer-candle
+//!
+//! Llama-family models (Llama, Mistral, Qwen2, SmolLM) written against candle 0.10 whose FFN is
+//! either candle's dense FFN (the reference) or `powerinfer::HybridFfn`. Loads GGUF files and HF
+//! safetensors directories, builds the tokenizer from GGUF metadata or `tokenizer.json`, and
+//! generates with candle-transformers' sampler.
+//!
+//! ```no_run
+//! use powerinfer_candle::{open, FfnMode, GenerateOptions, generate};
+//! # fn main() -> powerinfer_candle::Result<()> {
+//! let (mut model, tok) = open("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), &FfnMode::gate_first(0.01))?;
+//! let ids = tok.encode("The state of the union is")?;
+//! let out = generate(&mut model, &ids, &GenerateOptions { eos: tok.eos.clone(), ..Default::default() }, |_| Ok(()))?;
+//! println!("{}", tok.decode(&out.tokens)?);
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod config;
+mod error;
+pub mod fetch;
+mod generate;
+mod load;
+mod model;
+mod tokenizer;
+
+use std::path::Path;
+
+pub use config::{activation_from_name, LlamaConfig};
+pub use error::{Error, ErrorKind, Result};
+pub use generate::{generate, GenerateOptions, Generation};
+pub use load::{load_gguf, load_safetensors, FfnMode, GgufFile, PredictorChoice};
+pub use model::{DenseFfn, Ffn, Llama, Timings};
+pub use tokenizer::TextTokenizer;
+
+/// Opens a model: a `.gguf` file, or a directory with `config.json`, `*.safetensors` and
+/// `tokenizer.json`. Returns the model and its tokenizer.
+pub fn open(path: &Path, mode: &FfnMode) -> Result<(Llama, TextTokenizer)> {
+    if path.is_dir() {
+        let model = load_safetensors(path, mode)?;
+        let tok = TextTokenizer::from_file(&path.join("tokenizer.json"))?;
+        Ok((model, tok))
+    } else {
+        let mut gguf = GgufFile::open(path)?;
+        let tok = TextTokenizer::from_gguf(&gguf.content)?;
+        let model = load_gguf(&mut gguf, mode)?;
+        Ok((model, tok))
+    }
+}

@@ -1,0 +1,337 @@
+//! Loading llama-family models: GGUF files (FFN kept in its GGUF quantization for the dense
+//! path) and HF safetensors directories (`config.json` + `*.safetensors`).
+
+use std::fs::File;
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file, QMatMul};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{Embedding, VarBuilder};
+use powerinfer::{
+    All, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions, NeuronBundles, WeightDType,
+};
+
+use crate::config::LlamaConfig;
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::{DenseFfn, Ffn, Layer, Linear, Llama, RmsNorm};
+
+/// Which neurons the hybrid FFN computes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PredictorChoice {
+    /// Every neuron (dense through the sparse kernels).
+    All,
+    /// `GateFirst` with one threshold for every layer (exact at 0 for ReLU models).
+    GateFirst {
+        /// Threshold on `act(gate)` (ReLU) or `|h|` (SiLU/GELU).
+        threshold: f32,
+    },
+}
+
+/// How each layer's FFN is built.
+#[derive(Debug, Clone)]
+pub enum FfnMode {
+    /// The dense candle FFN (the reference), on the weights as stored (GGUF: candle's quantized
+    /// matmul, which quantizes activations to 8 bits).
+    Dense,
+    /// The dense candle FFN on weights dequantized to f32: the exact oracle for the hybrid FFN.
+    DenseF32,
+    /// `powerinfer::HybridFfn`.
+    Hybrid {
+        /// Storage dtype of the neuron-major weights.
+        storage: WeightDType,
+        /// The predictor.
+        predictor: PredictorChoice,
+        /// Threads, SIMD tier, prefill policy.
+        options: HybridOptions,
+    },
+}
+
+impl FfnMode {
+    /// The hybrid FFN with `GateFirst` at `threshold`, f16 storage, default options.
+    pub fn gate_first(threshold: f32) -> Self {
+        FfnMode::Hybrid {
+            storage: WeightDType::F16,
+            predictor: PredictorChoice::GateFirst { threshold },
+            options: HybridOptions::default(),
+        }
+    }
+}
+
+/// The hybrid FFN of layer `layer` from its `[gate, up, down]` weights (`[out, in]`).
+fn hybrid_ffn(cfg: &LlamaConfig, mode: &FfnMode, layer: usize, w: [Tensor; 3]) -> Result<Ffn> {
+    let FfnMode::Hybrid {
+        storage,
+        predictor,
+        options,
+    } = mode
+    else {
+        return Err(powerinfer::Error::from(powerinfer::ErrorKind::Config {
+            setting: "ffn".into(),
+            reason: "hybrid FFN requested in dense mode".into(),
+        })
+        .into());
+    };
+    let spec = FfnSpec::new(cfg.hidden, cfg.intermediate, cfg.activation, true)?;
+    let [g, u, d] = w;
+    let bundles = NeuronBundles::from_weights(spec, FfnWeights::gated(&g, &u, &d), *storage)?;
+    let opts = HybridOptions {
+        layer: Some(layer),
+        ..options.clone()
+    };
+    let ffn = HybridFfn::new(bundles, opts)?;
+    Ok(Ffn::Hybrid(match predictor {
+        PredictorChoice::All => ffn.with_predictor(All),
+        PredictorChoice::GateFirst { threshold } => ffn.with_predictor(GateFirst::new(*threshold)?),
+    }))
+}
+
+/// A GGUF file opened for reading: its metadata and where it lives.
+pub struct GgufFile {
+    /// Parsed header, metadata and tensor index.
+    pub content: gguf_file::Content,
+    path: std::path::PathBuf,
+    file: File,
+}
+
+impl GgufFile {
+    /// Opens and checks a GGUF file: header, metadata, and that every tensor lies inside the file
+    /// (a truncated download is reported here, naming the first tensor cut off).
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let content = gguf_file::Content::read(&mut file)
+            .map_err(|e| Error::format(path, format!("GGUF header: {e}")))?;
+        for (name, info) in &content.tensor_infos {
+            let elems = info.shape.elem_count();
+            let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+            let end = content.tensor_data_offset + info.offset + bytes as u64;
+            if end > len {
+                return Err(Error::format(
+                    path,
+                    format!("truncated: tensor `{name}` ends at byte {end}, file has {len}"),
+                ));
+            }
+        }
+        Ok(GgufFile {
+            content,
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    /// A linear layer `{name}.weight` (kept quantized) with `{name}.bias` if present.
+    pub fn linear(&mut self, name: &str) -> Result<Linear> {
+        let w = self.tensor(&format!("{name}.weight"))?;
+        let bias = format!("{name}.bias");
+        let b = if self.content.tensor_infos.contains_key(&bias) {
+            Some(self.dequantized(&bias)?)
+        } else {
+            None
+        };
+        qlinear(w, b)
+    }
+
+    /// A tensor dequantized to f32.
+    pub fn dequantized(&mut self, name: &str) -> Result<Tensor> {
+        Ok(self.tensor(name)?.dequantize(&Device::Cpu)?)
+    }
+
+    /// Reads a tensor, or a typed error naming it.
+    pub fn tensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
+        if !self.content.tensor_infos.contains_key(name) {
+            return Err(ErrorKind::MissingTensor { name: name.into() }.into());
+        }
+        self.content
+            .tensor(&mut self.file, name, &Device::Cpu)
+            .map_err(|e| Error::format(&self.path, format!("tensor `{name}`: {e}")))
+    }
+}
+
+fn qlinear(q: candle_core::quantized::QTensor, b: Option<Tensor>) -> Result<Linear> {
+    Ok(Linear {
+        w: QMatMul::from_qtensor(q)?,
+        b,
+    })
+}
+
+fn norm(w: Tensor, eps: f64) -> RmsNorm {
+    RmsNorm { w, eps: eps as f32 }
+}
+
+/// Loads a llama-family GGUF file with each layer's FFN built as `mode` says.
+pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
+    let cfg = LlamaConfig::from_gguf(&gguf.content)?;
+    let dev = Device::Cpu;
+    let embed_q = gguf.tensor("token_embd.weight")?;
+    let embed = embed_q.dequantize(&dev)?;
+    let lm_head = if gguf.content.tensor_infos.contains_key("output.weight") {
+        gguf.tensor("output.weight")?
+    } else {
+        embed_q
+    };
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for l in 0..cfg.layers {
+        let p = format!("blk.{l}");
+        let lin = |g: &mut GgufFile, n: &str| g.linear(&format!("{p}.{n}"));
+        let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
+        let (q, k) = (lin(gguf, "attn_q")?, lin(gguf, "attn_k")?);
+        let (v, o) = (lin(gguf, "attn_v")?, lin(gguf, "attn_output")?);
+        let ffn = match mode {
+            FfnMode::Dense => Ffn::Dense(DenseFfn {
+                gate: lin(gguf, "ffn_gate")?,
+                up: lin(gguf, "ffn_up")?,
+                down: lin(gguf, "ffn_down")?,
+                act: cfg.activation,
+            }),
+            FfnMode::DenseF32 => {
+                let f = |g: &mut GgufFile, n: &str| -> Result<Linear> {
+                    Ok(Linear {
+                        w: QMatMul::Tensor(deq(g, n)?),
+                        b: None,
+                    })
+                };
+                Ffn::Dense(DenseFfn {
+                    gate: f(gguf, "ffn_gate")?,
+                    up: f(gguf, "ffn_up")?,
+                    down: f(gguf, "ffn_down")?,
+                    act: cfg.activation,
+                })
+            }
+            FfnMode::Hybrid { .. } => {
+                let w = [
+                    deq(gguf, "ffn_gate")?,
+                    deq(gguf, "ffn_up")?,
+                    deq(gguf, "ffn_down")?,
+                ];
+                hybrid_ffn(&cfg, mode, l, w)?
+            }
+        };
+        layers.push(Layer {
+            attn_norm: norm(deq(gguf, "attn_norm")?, cfg.rms_eps),
+            q,
+            k,
+            v,
+            o,
+            ffn_norm: norm(deq(gguf, "ffn_norm")?, cfg.rms_eps),
+            ffn,
+            kv: None,
+        });
+    }
+    let norm_w = gguf.dequantized("output_norm.weight")?;
+    finish(
+        cfg,
+        embed,
+        layers,
+        norm(norm_w, 0.0),
+        qlinear(lm_head, None)?,
+    )
+}
+
+fn finish(
+    cfg: LlamaConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm_: RmsNorm,
+    lm_head: Linear,
+) -> Result<Llama> {
+    let norm_ = RmsNorm {
+        eps: cfg.rms_eps as f32,
+        ..norm_
+    };
+    let positions = cfg.context.min(32_768);
+    let (cos, sin) = crate::model::rope_tables(&cfg, positions, &Device::Cpu)?;
+    Ok(Llama {
+        embed: Embedding::new(embed, cfg.hidden),
+        config: cfg,
+        layers,
+        norm: norm_,
+        lm_head,
+        cos,
+        sin,
+        timings: None,
+    })
+}
+
+/// Loads an HF safetensors checkpoint directory (`config.json` and `*.safetensors`).
+pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
+    let cfg = LlamaConfig::from_hf_json(&dir.join("config.json"))?;
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::format(dir, "no *.safetensors file"));
+    }
+    // SAFETY: the files are memory-mapped read-only; like every mmap loader we rely on them not
+    // being modified while the model is loaded.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, &Device::Cpu) }
+        .map_err(|e| Error::format(dir, e.to_string()))?;
+    let get = |name: &str| -> Result<Tensor> {
+        if !vb.contains_tensor(name) {
+            return Err(ErrorKind::MissingTensor { name: name.into() }.into());
+        }
+        Ok(vb.get_unchecked(name)?)
+    };
+    let lin = |name: &str, bias: bool| -> Result<Linear> {
+        let w = get(&format!("{name}.weight"))?;
+        let b = if bias {
+            Some(get(&format!("{name}.bias"))?)
+        } else {
+            None
+        };
+        Ok(Linear {
+            w: QMatMul::Tensor(w),
+            b,
+        })
+    };
+    let embed = get("model.embed_tokens.weight")?;
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for l in 0..cfg.layers {
+        let p = format!("model.layers.{l}");
+        let ab = cfg.attention_bias;
+        let mlp = format!("{p}.mlp");
+        let ffn = match mode {
+            FfnMode::Dense | FfnMode::DenseF32 => Ffn::Dense(DenseFfn {
+                gate: lin(&format!("{mlp}.gate_proj"), false)?,
+                up: lin(&format!("{mlp}.up_proj"), false)?,
+                down: lin(&format!("{mlp}.down_proj"), false)?,
+                act: cfg.activation,
+            }),
+            FfnMode::Hybrid { .. } => {
+                let w = |n: &str| get(&format!("{mlp}.{n}_proj.weight"));
+                hybrid_ffn(&cfg, mode, l, [w("gate")?, w("up")?, w("down")?])?
+            }
+        };
+        layers.push(Layer {
+            attn_norm: norm(get(&format!("{p}.input_layernorm.weight"))?, cfg.rms_eps),
+            q: lin(&format!("{p}.self_attn.q_proj"), ab)?,
+            k: lin(&format!("{p}.self_attn.k_proj"), ab)?,
+            v: lin(&format!("{p}.self_attn.v_proj"), ab)?,
+            o: lin(&format!("{p}.self_attn.o_proj"), false)?,
+            ffn_norm: norm(
+                get(&format!("{p}.post_attention_layernorm.weight"))?,
+                cfg.rms_eps,
+            ),
+            ffn,
+            kv: None,
+        });
+    }
+    let lm_head = if vb.contains_tensor("lm_head.weight") {
+        get("lm_head.weight")?
+    } else {
+        embed.clone()
+    };
+    let norm_w = get("model.norm.weight")?;
+    finish(
+        cfg,
+        embed,
+        layers,
+        norm(norm_w, 0.0),
+        Linear {
+            w: QMatMul::Tensor(lm_head),
+            b: None,
+        },
+    )
+}

@@ -1,0 +1,360 @@
+//! A llama-family decoder (RMSNorm, RoPE, grouped-query attention with a KV cache) whose FFN is
+//! either the dense candle FFN (the reference) or `powerinfer::HybridFfn`.
+//!
+//! Dense and sparse are the same code path with a different [`Ffn`]. The dense path uses candle's
+//! own quantized matmul, op for op as `candle_transformers::models::quantized_llama`, so it is the
+//! peer the tests compare against.
+
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, IndexOp, Module, Tensor};
+use candle_nn::Embedding;
+use powerinfer::{Activation, HybridFfn};
+
+use crate::config::LlamaConfig;
+use crate::error::{ErrorKind, Result};
+
+/// A linear layer: weights quantized (GGUF) or dense (safetensors), optional bias.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub(crate) w: QMatMul,
+    pub(crate) b: Option<Tensor>,
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = self.w.forward(x)?;
+        match &self.b {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+/// The dense FFN, as the host model computes it.
+#[derive(Debug, Clone)]
+pub struct DenseFfn {
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+    pub(crate) act: Activation,
+}
+
+impl Module for DenseFfn {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let g = self.gate.forward(x)?;
+        let u = self.up.forward(x)?;
+        let h = match self.act {
+            Activation::Silu => (candle_nn::ops::silu(&g)? * u)?,
+            Activation::DRelu => (g.relu()? * u.relu()?)?,
+            a => (g.apply(&a.to_candle())? * u)?,
+        };
+        self.down.forward(&h)
+    }
+}
+
+/// The FFN of one layer: dense reference or the hybrid sparse block.
+#[derive(Debug)]
+pub enum Ffn {
+    /// candle's dense FFN.
+    Dense(DenseFfn),
+    /// powerinfer's sparse FFN.
+    Hybrid(HybridFfn),
+}
+
+impl Module for Ffn {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Ffn::Dense(d) => d.forward(x),
+            Ffn::Hybrid(h) => h.forward(x),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct RmsNorm {
+    pub(crate) w: Tensor,
+    pub(crate) eps: f32,
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        candle_nn::ops::rms_norm(x, &self.w, self.eps)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Layer {
+    pub(crate) attn_norm: RmsNorm,
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) ffn_norm: RmsNorm,
+    pub(crate) ffn: Ffn,
+    pub(crate) kv: Option<(Tensor, Tensor)>,
+}
+
+/// Where decode time goes, accumulated while [`Llama::timings`] is enabled.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timings {
+    /// Embedding lookup, norms and residual adds.
+    pub other: Duration,
+    /// Attention (projections, RoPE, softmax, KV cache).
+    pub attention: Duration,
+    /// FFN blocks (for the hybrid FFN this includes its predictor).
+    pub ffn: Duration,
+    /// Final norm and LM head.
+    pub lm_head: Duration,
+    /// Forward calls timed.
+    pub calls: u64,
+}
+
+/// A llama-family causal LM.
+#[derive(Debug)]
+pub struct Llama {
+    pub(crate) config: LlamaConfig,
+    pub(crate) embed: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: RmsNorm,
+    pub(crate) lm_head: Linear,
+    pub(crate) cos: Tensor,
+    pub(crate) sin: Tensor,
+    pub(crate) timings: Option<Timings>,
+}
+
+/// RoPE tables for `positions` positions.
+pub(crate) fn rope_tables(
+    cfg: &LlamaConfig,
+    positions: usize,
+    dev: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let hd = cfg.head_dim();
+    let theta: Vec<f32> = (0..hd)
+        .step_by(2)
+        .map(|i| 1f32 / cfg.rope_theta.powf(i as f32 / hd as f32))
+        .collect();
+    let n = theta.len();
+    let theta = Tensor::new(theta.as_slice(), dev)?;
+    let idx = Tensor::arange(0, positions as u32, dev)?
+        .to_dtype(DType::F32)?
+        .reshape((positions, 1))?
+        .matmul(&theta.reshape((1, n))?)?;
+    Ok((idx.cos()?, idx.sin()?))
+}
+
+impl Llama {
+    /// The hyper-parameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The FFN of every layer (to read statistics or switch modes).
+    pub fn ffns(&self) -> impl Iterator<Item = &Ffn> {
+        self.layers.iter().map(|l| &l.ffn)
+    }
+
+    /// Starts (or resets) per-component timing.
+    pub fn enable_timings(&mut self) {
+        self.timings = Some(Timings::default());
+    }
+
+    /// Per-component times since [`Llama::enable_timings`].
+    pub fn timings(&self) -> Option<&Timings> {
+        self.timings.as_ref()
+    }
+
+    /// Forgets the KV cache (start a new sequence).
+    pub fn clear_kv_cache(&mut self) {
+        for l in &mut self.layers {
+            l.kv = None;
+        }
+    }
+
+    /// Runs `tokens` (one sequence) at positions `pos..pos + tokens.len()` and returns the logits
+    /// of every position (`[tokens, vocab]`, f32). Tokens past the context are a typed error.
+    pub fn forward_all(&mut self, tokens: &[u32], pos: usize) -> Result<Tensor> {
+        self.forward_impl(tokens, pos, false)
+    }
+
+    /// Like [`Llama::forward_all`] but returns only the last position's logits (`[vocab]`).
+    pub fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Tensor> {
+        self.forward_impl(tokens, pos, true)
+    }
+
+    fn forward_impl(&mut self, tokens: &[u32], pos: usize, last_only: bool) -> Result<Tensor> {
+        let seq = tokens.len();
+        if seq == 0 {
+            return Err(ErrorKind::Prompt {
+                reason: "no tokens to run".into(),
+            }
+            .into());
+        }
+        if pos + seq > self.config.context.min(self.cos.dim(0)?) {
+            return Err(ErrorKind::Prompt {
+                reason: format!(
+                    "{} tokens exceed the context of {}",
+                    pos + seq,
+                    self.config.context
+                ),
+            }
+            .into());
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
+            return Err(ErrorKind::Prompt {
+                reason: format!(
+                    "token id {t} is outside the vocabulary ({})",
+                    self.config.vocab
+                ),
+            }
+            .into());
+        }
+        let dev = self.embed.embeddings().device().clone();
+        let mut clock = Clock::new(self.timings.is_some());
+        let ids = Tensor::new(tokens, &dev)?.unsqueeze(0)?;
+        let mask = if seq == 1 {
+            None
+        } else {
+            Some(candle_transformers::utils::build_causal_mask(
+                seq, pos, &dev,
+            )?)
+        };
+        let mut x = self.embed.forward(&ids)?;
+        let (cos, sin) = (self.cos.narrow(0, pos, seq)?, self.sin.narrow(0, pos, seq)?);
+        clock.lap(Lap::Other);
+        let cfg = &self.config;
+        for layer in &mut self.layers {
+            let h = layer.attn_norm.forward(&x)?;
+            clock.lap(Lap::Other);
+            let a = attention(layer, cfg, &h, &cos, &sin, mask.as_ref(), pos)?;
+            clock.lap(Lap::Attention);
+            x = (a + &x)?;
+            let h = layer.ffn_norm.forward(&x)?;
+            clock.lap(Lap::Other);
+            let f = layer.ffn.forward(&h)?;
+            clock.lap(Lap::Ffn);
+            x = (f + &x)?;
+        }
+        let x = if last_only {
+            x.i((.., seq - 1..seq, ..))?
+        } else {
+            x
+        };
+        let x = self.norm.forward(&x)?;
+        let logits = self.lm_head.forward(&x)?.squeeze(0)?;
+        let logits = if last_only {
+            logits.squeeze(0)?
+        } else {
+            logits
+        };
+        let logits = logits.to_dtype(DType::F32)?;
+        clock.lap(Lap::LmHead);
+        if let Some(t) = &mut self.timings {
+            clock.add_to(t);
+        }
+        Ok(logits)
+    }
+}
+
+fn attention(
+    l: &mut Layer,
+    cfg: &LlamaConfig,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    mask: Option<&Tensor>,
+    pos: usize,
+) -> Result<Tensor> {
+    let (b, seq, hidden) = x.dims3()?;
+    let hd = cfg.head_dim();
+    let q =
+        l.q.forward(x)?
+            .reshape((b, seq, cfg.heads, hd))?
+            .transpose(1, 2)?;
+    let k =
+        l.k.forward(x)?
+            .reshape((b, seq, cfg.kv_heads, hd))?
+            .transpose(1, 2)?;
+    let v =
+        l.v.forward(x)?
+            .reshape((b, seq, cfg.kv_heads, hd))?
+            .transpose(1, 2)?
+            .contiguous()?;
+    let rope = |t: &Tensor| -> candle_core::Result<Tensor> {
+        if cfg.rope_interleaved {
+            candle_nn::rotary_emb::rope_i(&t.contiguous()?, cos, sin)
+        } else {
+            candle_nn::rotary_emb::rope(&t.contiguous()?, cos, sin)
+        }
+    };
+    let (q, k) = (rope(&q)?, rope(&k)?);
+    let (k, v) = match &l.kv {
+        Some((kc, vc)) if pos > 0 => (Tensor::cat(&[kc, &k], 2)?, Tensor::cat(&[vc, &v], 2)?),
+        _ => (k, v),
+    };
+    l.kv = Some((k.clone(), v.clone()));
+    let rep = cfg.heads / cfg.kv_heads;
+    let k = candle_transformers::utils::repeat_kv(k, rep)?;
+    let v = candle_transformers::utils::repeat_kv(v, rep)?;
+    let att = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
+    let att = match mask {
+        Some(m) => {
+            let m = m.broadcast_as(att.shape())?;
+            let neg = Tensor::new(f32::NEG_INFINITY, att.device())?.broadcast_as(att.shape())?;
+            m.where_cond(&neg, &att)?
+        }
+        None => att,
+    };
+    let att = candle_nn::ops::softmax_last_dim(&att)?;
+    let y = att.matmul(&v.contiguous()?)?;
+    let y = y.transpose(1, 2)?.reshape((b, seq, hidden))?;
+    Ok(l.o.forward(&y)?)
+}
+
+#[derive(Clone, Copy)]
+enum Lap {
+    Other,
+    Attention,
+    Ffn,
+    LmHead,
+}
+
+/// Splits wall time between components when timing is on; free when off.
+struct Clock {
+    last: Option<Instant>,
+    t: Timings,
+}
+
+impl Clock {
+    fn new(on: bool) -> Self {
+        Clock {
+            last: on.then(Instant::now),
+            t: Timings::default(),
+        }
+    }
+
+    fn lap(&mut self, what: Lap) {
+        let Some(last) = self.last.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        let d = now - *last;
+        *last = now;
+        let slot = match what {
+            Lap::Other => &mut self.t.other,
+            Lap::Attention => &mut self.t.attention,
+            Lap::Ffn => &mut self.t.ffn,
+            Lap::LmHead => &mut self.t.lm_head,
+        };
+        *slot += d;
+    }
+
+    fn add_to(&self, t: &mut Timings) {
+        t.other += self.t.other;
+        t.attention += self.t.attention;
+        t.ffn += self.t.ffn;
+        t.lm_head += self.t.lm_head;
+        t.calls += 1;
+    }
+}

@@ -1,0 +1,74 @@
+//! Tokenizers: built from GGUF metadata (`gpt2` BPE, via candle's `TokenizerFromGguf`) or read
+//! from a `tokenizer.json` next to the weights. Special ids come from the same source.
+
+use std::path::Path;
+
+use candle_core::quantized::gguf_file;
+use candle_core::quantized::tokenizer::TokenizerFromGguf;
+use tokenizers::Tokenizer;
+
+use crate::error::{ErrorKind, Result};
+
+/// A tokenizer with the ids generation needs.
+pub struct TextTokenizer {
+    /// The HF tokenizer.
+    pub inner: Tokenizer,
+    /// Beginning-of-sequence id, if the model has one.
+    pub bos: Option<u32>,
+    /// Ids that end generation.
+    pub eos: Vec<u32>,
+}
+
+fn tok_err(e: impl std::fmt::Display) -> crate::error::Error {
+    ErrorKind::Tokenizer(e.to_string()).into()
+}
+
+impl TextTokenizer {
+    /// From GGUF metadata (`tokenizer.ggml.*`).
+    pub fn from_gguf(ct: &gguf_file::Content) -> Result<Self> {
+        let inner = Tokenizer::from_gguf(ct).map_err(tok_err)?;
+        let id = |k: &str| ct.metadata.get(k).and_then(|v| v.to_u32().ok());
+        let mut eos: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
+        // Chat models end turns with `<|im_end|>` too.
+        if let Some(t) = inner.token_to_id("<|im_end|>") {
+            if !eos.contains(&t) {
+                eos.push(t);
+            }
+        }
+        Ok(TextTokenizer {
+            inner,
+            bos: id("tokenizer.ggml.bos_token_id"),
+            eos,
+        })
+    }
+
+    /// From a `tokenizer.json` file, with eos/bos read from the tokens it names.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let inner = Tokenizer::from_file(path).map_err(tok_err)?;
+        let id = |names: &[&str]| names.iter().find_map(|n| inner.token_to_id(n));
+        let eos = ["</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>"]
+            .iter()
+            .filter_map(|n| inner.token_to_id(n))
+            .collect();
+        Ok(TextTokenizer {
+            bos: id(&["<s>", "<|begin_of_text|>"]),
+            eos,
+            inner,
+        })
+    }
+
+    /// Token ids of `text` (no special tokens added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self
+            .inner
+            .encode(text, false)
+            .map_err(tok_err)?
+            .get_ids()
+            .to_vec())
+    }
+
+    /// Text of `ids` (special tokens skipped).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(tok_err)
+    }
+}
