@@ -196,6 +196,11 @@ impl HybridFfn {
         self
     }
 
+    /// Replaces the predictor in place.
+    pub fn set_predictor(&mut self, predictor: impl Predictor + 'static) {
+        self.predictor = Box::new(predictor);
+    }
+
     /// Replaces the placement; it must be for this layer's neuron count.
     pub fn with_placement(mut self, placement: LayerPlacement) -> Result<Self> {
         let n = self.bundles.spec().intermediate;

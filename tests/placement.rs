@@ -75,6 +75,36 @@ fn stats_count_active_neurons() {
     assert!(ffn.take_stats().is_none(), "stats are off after take");
 }
 
+/// Thresholds read from the |h| histogram drop the requested share of (row, neuron) pairs.
+#[test]
+fn threshold_for_sparsity_hits_the_target() {
+    let spec = FfnSpec::new(64, 512, Activation::Silu, true).unwrap();
+    let w = Weights::random(&spec, 21);
+    let ffn = HybridFfn::from_weights(spec, w.view(), WeightDType::F32, HybridOptions::default())
+        .unwrap();
+    ffn.enable_stats(0.0);
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(8);
+    let x = tensor(&mut rng, &[32, 64], 1.0);
+    ffn.forward(&x).unwrap();
+    let s = ffn.take_stats().unwrap();
+    assert!(s.threshold_for_sparsity(1.5).is_none());
+    for target in [0.2, 0.4, 0.5, 0.6] {
+        let t = s.threshold_for_sparsity(target).unwrap();
+        // Realized: GateFirst at that threshold on the same input.
+        let g = HybridFfn::from_weights(spec, w.view(), WeightDType::F32, HybridOptions::default())
+            .unwrap()
+            .with_predictor(powerinfer::GateFirst::new(t).unwrap());
+        g.enable_stats(0.0);
+        g.forward(&x).unwrap();
+        let kept: u64 = g.take_stats().unwrap().counts.iter().sum();
+        let realized = 1.0 - kept as f64 / (32.0 * 512.0);
+        assert!(
+            (realized - target).abs() < 0.03,
+            "target {target}: realized {realized}"
+        );
+    }
+}
+
 #[test]
 fn force_dense_and_dense_prefill_bypass_the_predictor() {
     let spec = FfnSpec::new(16, 32, Activation::Silu, true).unwrap();

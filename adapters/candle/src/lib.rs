@@ -18,6 +18,7 @@
 
 mod config;
 mod error;
+mod eval;
 pub mod fetch;
 mod generate;
 mod load;
@@ -42,6 +43,9 @@ pub fn open(path: &Path, mode: &FfnMode) -> Result<(Llama, TextTokenizer)> {
         Ok((model, tok))
     } else {
         let mut gguf = GgufFile::open(path)?;
+        // Architecture and hyper-parameters first: an unsupported model says so before anything
+        // else about it is read.
+        LlamaConfig::from_gguf(&gguf.content)?;
         let tok = TextTokenizer::from_gguf(&gguf.content)?;
         let model = load_gguf(&mut gguf, mode)?;
         Ok((model, tok))

@@ -1,0 +1,148 @@
+//! Calibration of per-layer thresholds, realized sparsity, and perplexity.
+
+use candle_core::D;
+use powerinfer::{ActivationStats, GateFirst};
+
+use crate::error::{ErrorKind, Result};
+use crate::model::{Ffn, Llama};
+
+impl Llama {
+    fn hybrids(&mut self) -> Result<Vec<&mut powerinfer::HybridFfn>> {
+        self.layers
+            .iter_mut()
+            .map(|l| match &mut l.ffn {
+                Ffn::Hybrid(h) => Ok(h),
+                Ffn::Dense(_) => Err(ErrorKind::Engine(powerinfer::Error::from(
+                    powerinfer::ErrorKind::Config {
+                        setting: "ffn".into(),
+                        reason: "this needs a model loaded with FfnMode::Hybrid".into(),
+                    },
+                ))
+                .into()),
+            })
+            .collect()
+    }
+
+    /// Per-layer `|h|` thresholds that drop a fraction `sparsity` of FFN neurons on `tokens`
+    /// (exact thresholding of the contribution, computed densely), run in chunks of `chunk`.
+    pub fn calibrate_thresholds(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        sparsity: f64,
+    ) -> Result<Vec<f32>> {
+        for h in self.hybrids()? {
+            h.set_force_dense(true);
+            h.enable_stats(0.0);
+        }
+        let run = self.run_chunks(tokens, chunk, |_, _| Ok(()));
+        // Restore every layer before reporting a failed run.
+        let stats: Vec<Option<ActivationStats>> = self
+            .hybrids()?
+            .into_iter()
+            .map(|h| {
+                h.set_force_dense(false);
+                h.take_stats()
+            })
+            .collect();
+        run?;
+        stats
+            .into_iter()
+            .enumerate()
+            .map(|(l, s)| {
+                s.and_then(|s| s.threshold_for_sparsity(sparsity))
+                    .ok_or_else(|| {
+                        ErrorKind::Prompt {
+                            reason: format!(
+                            "layer {l}: no calibration data (sparsity {sparsity} must be in [0, 1))"
+                        ),
+                        }
+                        .into()
+                    })
+            })
+            .collect()
+    }
+
+    /// Uses `GateFirst` with `thresholds[layer]` in every hybrid layer.
+    pub fn set_gate_first(&mut self, thresholds: &[f32]) -> Result<()> {
+        let hybrids = self.hybrids()?;
+        if hybrids.len() != thresholds.len() {
+            return Err(powerinfer::Error::from(powerinfer::ErrorKind::LayerCount {
+                what: "thresholds (one per layer)".into(),
+                expected: hybrids.len(),
+                got: thresholds.len(),
+            })
+            .into());
+        }
+        for (h, &t) in hybrids.into_iter().zip(thresholds) {
+            h.set_predictor(GateFirst::new(t)?);
+        }
+        Ok(())
+    }
+
+    /// Starts counting computed neurons in every hybrid layer (no-op for dense layers).
+    pub fn enable_ffn_stats(&mut self) {
+        for l in &self.layers {
+            if let Ffn::Hybrid(h) = &l.ffn {
+                h.enable_stats(0.0);
+            }
+        }
+    }
+
+    /// Realized FFN sparsity per layer since [`Llama::enable_ffn_stats`]: the share of
+    /// (token, neuron) pairs not computed (or computed as zero). `None` for dense layers.
+    pub fn take_ffn_sparsity(&mut self) -> Vec<Option<f64>> {
+        self.layers
+            .iter()
+            .map(|l| match &l.ffn {
+                Ffn::Hybrid(h) => h.take_stats().map(|s: ActivationStats| {
+                    let kept: u64 = s.counts.iter().sum();
+                    1.0 - kept as f64 / (s.tokens.max(1) as f64 * s.counts.len() as f64)
+                }),
+                Ffn::Dense(_) => None,
+            })
+            .collect()
+    }
+
+    /// Runs `tokens` in independent windows of `chunk` tokens, handing each window's logits
+    /// (`[len, vocab]`) and tokens to `f`.
+    pub fn run_chunks(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        mut f: impl FnMut(&candle_core::Tensor, &[u32]) -> Result<()>,
+    ) -> Result<()> {
+        let chunk = chunk.clamp(2, self.config.context);
+        for w in tokens.chunks(chunk) {
+            if w.len() < 2 {
+                continue;
+            }
+            self.clear_kv_cache();
+            let logits = self.forward_all(w, 0)?;
+            f(&logits, w)?;
+        }
+        Ok(())
+    }
+
+    /// Perplexity of `tokens` in independent windows of `chunk` tokens (each window predicts its
+    /// tokens 1.. from the ones before).
+    pub fn perplexity(&mut self, tokens: &[u32], chunk: usize) -> Result<f64> {
+        let (mut nll, mut n) = (0f64, 0usize);
+        self.run_chunks(tokens, chunk, |logits, w| {
+            let lp = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+            let lp: Vec<Vec<f32>> = lp.to_vec2()?;
+            for i in 0..w.len() - 1 {
+                nll -= lp[i][w[i + 1] as usize] as f64;
+                n += 1;
+            }
+            Ok(())
+        })?;
+        if n == 0 {
+            return Err(ErrorKind::Prompt {
+                reason: "need at least 2 tokens for perplexity".into(),
+            }
+            .into());
+        }
+        Ok((nll / n as f64).exp())
+    }
+}

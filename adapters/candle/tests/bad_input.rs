@@ -1,0 +1,114 @@
+//! Bad model files and prompts give typed errors naming what was wrong.
+
+mod common;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use common::*;
+use powerinfer_candle::{
+    fetch, generate, load_safetensors, open, ErrorKind, FfnMode, GenerateOptions, GgufFile,
+};
+
+#[test]
+fn truncated_gguf_names_the_cut() {
+    let src = fetch::smollm2(&mut |_| ()).unwrap();
+    let dir = temp_dir("truncated");
+    let bytes = std::fs::read(&src).unwrap();
+    for (name, len) in [
+        ("half.gguf", bytes.len() / 2),
+        ("header.gguf", 1000),
+        ("empty.gguf", 0),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, &bytes[..len]).unwrap();
+        let e = GgufFile::open(&p).err().expect("must fail");
+        assert!(matches!(e.kind(), ErrorKind::Format { .. }), "{name}: {e}");
+        if name == "half.gguf" {
+            assert!(e.to_string().contains("truncated"), "{e}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn unsupported_gguf_architecture() {
+    let dir = temp_dir("arch");
+    let p = dir.join("gpt2.gguf");
+    let mut f = std::fs::File::create(&p).unwrap();
+    let t = QTensor::quantize(
+        &Tensor::zeros((4, 32), candle_core::DType::F32, &Device::Cpu).unwrap(),
+        GgmlDType::F32,
+    )
+    .unwrap();
+    let arch = gguf_file::Value::String("gpt2".into());
+    gguf_file::write(
+        &mut f,
+        &[("general.architecture", &arch)],
+        &[("token_embd.weight", &t)],
+    )
+    .unwrap();
+    drop(f);
+    let e = open(&p, &FfnMode::Dense).err().expect("must fail");
+    assert!(
+        matches!(e.kind(), ErrorKind::UnsupportedArchitecture { arch } if arch == "gpt2"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn safetensors_missing_tensor_is_named() {
+    let dir = temp_dir("missing");
+    let mut t = tensors();
+    t.remove("model.layers.1.mlp.up_proj.weight");
+    write_model(&dir, &t, &config_json("silu", 256));
+    for mode in [FfnMode::Dense, FfnMode::gate_first(0.0)] {
+        let e = load_safetensors(&dir, &mode).err().expect("must fail");
+        assert!(
+            matches!(e.kind(), ErrorKind::MissingTensor { name } if name == "model.layers.1.mlp.up_proj.weight"),
+            "{e}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn unknown_activation_is_named() {
+    let dir = temp_dir("act");
+    write_model(&dir, &tensors(), &config_json("swishy", 256));
+    let e = load_safetensors(&dir, &FfnMode::Dense)
+        .err()
+        .expect("must fail");
+    assert!(
+        matches!(e.kind(), ErrorKind::UnknownActivation { name } if name == "swishy"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn empty_and_overlong_prompts() {
+    let dir = temp_dir("prompt");
+    write_model(&dir, &tensors(), &config_json("silu", 16));
+    let mut m = load_safetensors(&dir, &FfnMode::Dense).unwrap();
+    let opts = GenerateOptions::default();
+    let e = generate(&mut m, &[], &opts, |_| Ok(()))
+        .err()
+        .expect("empty");
+    assert!(
+        matches!(e.kind(), ErrorKind::Prompt { .. }) && e.to_string().contains("empty"),
+        "{e}"
+    );
+    let long: Vec<u32> = (0..20).collect();
+    let e = generate(&mut m, &long, &opts, |_| Ok(()))
+        .err()
+        .expect("too long");
+    assert!(
+        matches!(e.kind(), ErrorKind::Prompt { .. }) && e.to_string().contains("context"),
+        "{e}"
+    );
+    // Token ids outside the vocabulary.
+    let e = m.forward(&[1, 999], 0).err().expect("bad id");
+    assert!(e.to_string().contains("999"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,145 @@
+//! `powerinfer bench`: prompt and decode speed of the dense and the sparse FFN in the same run,
+//! with where decode time goes.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use powerinfer_candle::{FfnMode, Llama, Timings};
+
+use crate::common::{corpus_tokens, load, load_sparse, model_path, SparseSettings};
+use crate::BenchArgs;
+
+struct Row {
+    mode: &'static str,
+    prompt_tps: f64,
+    decode_tps: f64,
+    per_token: Timings,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn argmax(logits: &candle_core::Tensor) -> Result<u32> {
+    let v: Vec<f32> = logits.to_vec1()?;
+    let best = v
+        .iter()
+        .enumerate()
+        .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| {
+            if x > b.1 {
+                (i, x)
+            } else {
+                b
+            }
+        });
+    Ok(best.0 as u32)
+}
+
+fn measure(
+    model: &mut Llama,
+    prompt: &[u32],
+    decode: usize,
+    runs: usize,
+    mode: &'static str,
+) -> Result<Row> {
+    let (mut p, mut d) = (Vec::new(), Vec::new());
+    let mut per_token = Timings::default();
+    for _ in 0..runs {
+        model.clear_kv_cache();
+        let t = Instant::now();
+        let logits = model.forward(prompt, 0)?;
+        p.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
+        let mut next = argmax(&logits)?;
+        model.enable_timings();
+        let t = Instant::now();
+        for i in 0..decode {
+            next = argmax(&model.forward(&[next], prompt.len() + i)?)?;
+        }
+        d.push(decode as f64 / t.elapsed().as_secs_f64());
+        if let Some(tm) = model.timings() {
+            per_token = tm.clone();
+        }
+    }
+    Ok(Row {
+        mode,
+        prompt_tps: median(p),
+        decode_tps: median(d),
+        per_token,
+    })
+}
+
+pub(crate) fn run(a: &BenchArgs) -> Result<()> {
+    if a.runs == 0 || a.decode_tokens == 0 || a.prompt_tokens == 0 {
+        bail!("--runs, --decode-tokens and --prompt-tokens must be at least 1");
+    }
+    let settings = SparseSettings::from_args(&a.model)?;
+    let path = model_path(&a.model)?;
+    let mut dense = load(&path, &FfnMode::Dense)?;
+    let prompt = corpus_tokens(&dense.tok, 2000..=2021, a.prompt_tokens)?;
+    if prompt.len() + a.decode_tokens > dense.model.config().context {
+        bail!(
+            "--prompt-tokens + --decode-tokens exceed the context of {}",
+            dense.model.config().context
+        );
+    }
+    let mut rows = vec![measure(
+        &mut dense.model,
+        &prompt,
+        a.decode_tokens,
+        a.runs,
+        "dense",
+    )?];
+    drop(dense);
+    let (mut sparse, _) = load_sparse(&path, &settings)?;
+    sparse.model.enable_ffn_stats();
+    rows.push(measure(
+        &mut sparse.model,
+        &prompt,
+        a.decode_tokens,
+        a.runs,
+        "sparse",
+    )?);
+    let realized: Vec<f64> = sparse
+        .model
+        .take_ffn_sparsity()
+        .into_iter()
+        .flatten()
+        .collect();
+    let realized = crate::common::mean(&realized);
+
+    println!(
+        "{:<7} {:>12} {:>12} | per decoded token, ms: {:>9} {:>7} {:>8} {:>7}",
+        "mode", "prompt tok/s", "decode tok/s", "attention", "ffn", "lm_head", "other"
+    );
+    for r in &rows {
+        let t = &r.per_token;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.calls.max(1) as f64;
+        println!(
+            "{:<7} {:>12.1} {:>12.1} |                      {:>9.3} {:>7.3} {:>8.3} {:>7.3}",
+            r.mode,
+            r.prompt_tps,
+            r.decode_tps,
+            ms(t.attention),
+            ms(t.ffn),
+            ms(t.lm_head),
+            ms(t.other)
+        );
+        println!(
+            "{}",
+            serde_json::json!({
+                "mode": r.mode, "prompt_tokens": prompt.len(), "decode_tokens": a.decode_tokens,
+                "prompt_tps": r.prompt_tps, "decode_tps": r.decode_tps,
+                "ms_per_token": {"attention": ms(t.attention), "ffn": ms(t.ffn), "lm_head": ms(t.lm_head), "other": ms(t.other)},
+                "threads": settings.threads,
+                "realized_sparsity": if r.mode == "sparse" { Some(realized) } else { None },
+            })
+        );
+    }
+    println!(
+        "sparse/dense decode: {:.2}x, realized FFN sparsity {:.1}%",
+        rows[1].decode_tps / rows[0].decode_tps,
+        realized * 100.0
+    );
+    Ok(())
+}

