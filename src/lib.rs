@@ -40,7 +40,10 @@ mod predict;
 mod profile;
 
 pub use activation::Activation;
-pub use cpu::{share, CpuTier, Kernels, Pool, CPU_TIER_ENV};
+pub use cpu::{
+    dequantize_row, quantize_row_q8_0, share, CpuTier, Kernels, Pool, QuantKind, QuantizedRow,
+    CPU_TIER_ENV, QK,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 pub use hybrid::{HybridFfn, HybridOptions, PrefillPolicy};

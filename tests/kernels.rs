@@ -159,3 +159,119 @@ fn env_override_parses_and_rejects() {
     assert!(CpuTier::Scalar.is_supported());
     assert_eq!(CpuTier::supported()[0], CpuTier::Scalar);
 }
+
+mod quantized {
+    use half::f16;
+    use powerinfer::{
+        dequantize_row, quantize_row_q8_0, CpuTier, Kernels, QuantKind, QuantizedRow, QK,
+    };
+    use proptest::prelude::*;
+
+    /// Random blocks of `kind` with finite f16 scales (raw bytes, as a GGUF file holds them).
+    fn blocks(kind: QuantKind, nb: usize, seed: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(nb * kind.block_bytes());
+        let mut k = 0usize;
+        let mut next = || {
+            k += 1;
+            seed[k % seed.len()].wrapping_mul(31).wrapping_add(k as u8)
+        };
+        for _ in 0..nb {
+            let d = f16::from_f32((next() as f32 + 1.0) / 4096.0);
+            out.extend_from_slice(&d.to_le_bytes());
+            if kind == QuantKind::Q4_1 {
+                out.extend_from_slice(&f16::from_f32(next() as f32 / 2048.0 - 0.06).to_le_bytes());
+            }
+            let n = if kind == QuantKind::Q8_0 { QK } else { QK / 2 };
+            for _ in 0..n {
+                let b = next();
+                out.push(if kind == QuantKind::Q8_0 && b == 128 {
+                    0
+                } else {
+                    b
+                });
+            }
+        }
+        out
+    }
+
+    /// Integer dots against the dequantize-then-f32 reference on the same quantized input.
+    /// Tolerance: both sides use exactly the same quantized values; only the f32 summation order
+    /// and the per-block f16 scale products differ: 1e-5 of the sum of |terms|.
+    fn check(kind: QuantKind, nb: usize, seed: &[u8], x: &[f32]) -> Result<(), TestCaseError> {
+        let w = blocks(kind, nb, seed);
+        let mut wf = vec![0f32; nb * QK];
+        dequantize_row(kind, &w, &mut wf);
+        let mut xq = QuantizedRow::default();
+        xq.quantize(x);
+        // The quantized input, dequantized: what the integer kernel really multiplies.
+        let mut xd = vec![0f32; nb * QK];
+        let xq8: Vec<u8> = {
+            let mut b = vec![0u8; nb * 34];
+            quantize_row_q8_0(x, &mut b);
+            b
+        };
+        dequantize_row(QuantKind::Q8_0, &xq8, &mut xd);
+        let reference: f64 = wf.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let mag: f64 = wf
+            .iter()
+            .zip(&xd)
+            .map(|(a, b)| (*a as f64 * *b as f64).abs())
+            .sum::<f64>()
+            + 1e-3;
+        for tier in CpuTier::supported() {
+            let k = Kernels::new(tier).unwrap();
+            let got = k.dot_q(kind, &w, &xq) as f64;
+            // x's scales are f32 in QuantizedRow but f16 in Q8_0: allow that rounding (2^-11).
+            prop_assert!(
+                (got - reference).abs() <= 2e-3 * mag,
+                "{tier} {kind:?} nb={nb}: {got} vs {reference}"
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
+        #[test]
+        fn quantized_dot_matches_dequantized(
+            nb in 0usize..20,
+            seed in proptest::collection::vec(any::<u8>(), 1..64),
+            xs in proptest::collection::vec(-3.0f32..3.0, 20 * 32),
+            kind in 0usize..3,
+        ) {
+            let kind = [QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q8_0][kind];
+            check(kind, nb, &seed, &xs[..nb * QK])?;
+        }
+
+        #[test]
+        fn axpy_q8_0_matches_dequantized(
+            nb in 0usize..20,
+            xs in proptest::collection::vec(-3.0f32..3.0, 20 * 32),
+            a in -2.0f32..2.0,
+        ) {
+            let src = &xs[..nb * QK];
+            let mut w = vec![0u8; nb * 34];
+            quantize_row_q8_0(src, &mut w);
+            let mut wf = vec![0f32; nb * QK];
+            dequantize_row(QuantKind::Q8_0, &w, &mut wf);
+            // Round trip error of Q8_0: half a step, plus the f16 rounding of the scale times the
+            // largest code (127 * 2^-11 of a step).
+            for (blk, o) in src.chunks(QK).zip(wf.chunks(QK)) {
+                let step = blk.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                for (a, b) in blk.iter().zip(o) {
+                    prop_assert!((a - b).abs() <= (0.5 + 127.0 / 2048.0) * step + 1e-6, "{a} vs {b}");
+                }
+            }
+            for tier in CpuTier::supported() {
+                let k = Kernels::new(tier).unwrap();
+                let mut y: Vec<f32> = (0..nb * QK).map(|i| i as f32 * 0.01).collect();
+                let y0 = y.clone();
+                k.axpy_q8_0(&mut y, a, &w);
+                for i in 0..nb * QK {
+                    let r = y0[i] + a * wf[i];
+                    prop_assert!((y[i] - r).abs() <= 1e-5 * (y0[i].abs() + (a * wf[i]).abs() + 1e-6), "{tier} i={i}");
+                }
+            }
+        }
+    }
+}

@@ -9,6 +9,7 @@ use std::str::FromStr;
 
 use half::{bf16, f16};
 
+use super::quant::{self, QuantKind, QuantizedRow};
 use super::simd::{self, Scalar};
 use crate::error::{Error, Result};
 
@@ -133,6 +134,8 @@ pub struct Kernels {
     axpy4_f32: Axpy4Fn<f32>,
     axpy4_f16: Axpy4Fn<f16>,
     axpy4_bf16: Axpy4Fn<bf16>,
+    dot_q: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
+    axpy_q8_0: fn(&mut [f32], f32, &[u8]),
 }
 
 impl fmt::Debug for Kernels {
@@ -179,6 +182,8 @@ macro_rules! table {
             axpy4_f32: |y, a, w| unsafe { axpy4::<f32>(y, a, w) },
             axpy4_f16: |y, a, w| unsafe { axpy4::<f16>(y, a, w) },
             axpy4_bf16: |y, a, w| unsafe { axpy4::<bf16>(y, a, w) },
+            dot_q: quant::dot_scalar,
+            axpy_q8_0: quant::axpy_q8_0_scalar,
         }
     }};
 }
@@ -192,7 +197,8 @@ impl Kernels {
                 format!("tier `{tier}` is not supported by this CPU"),
             ));
         }
-        Ok(match tier {
+        #[allow(unused_mut)]
+        let mut k = match tier {
             #[cfg(target_arch = "x86_64")]
             CpuTier::Avx2 => table!(CpuTier::Avx2, super::x86::Avx2, "avx2,fma,f16c"),
             #[cfg(target_arch = "x86_64")]
@@ -200,7 +206,15 @@ impl Kernels {
             #[cfg(target_arch = "aarch64")]
             CpuTier::Neon => table!(CpuTier::Neon, super::neon::Neon, "neon"),
             _ => Kernels::scalar(),
-        })
+        };
+        // The integer kernels have an AVX2 form, used by every x86 tier above scalar.
+        #[cfg(target_arch = "x86_64")]
+        if tier != CpuTier::Scalar && CpuTier::Avx2.is_supported() {
+            // SAFETY (both): AVX2 and FMA were detected just above.
+            k.dot_q = |kind, w, x| unsafe { quant::avx2::dot(kind, w, x) };
+            k.axpy_q8_0 = |y, a, w| unsafe { quant::avx2::axpy_q8_0(y, a, w) };
+        }
+        Ok(k)
     }
 
     fn scalar() -> Kernels {
@@ -219,6 +233,8 @@ impl Kernels {
             axpy4_f32: |y, a, w| unsafe { simd::axpy4::<Scalar, f32>(y, a, w) },
             axpy4_f16: |y, a, w| unsafe { simd::axpy4::<Scalar, f16>(y, a, w) },
             axpy4_bf16: |y, a, w| unsafe { simd::axpy4::<Scalar, bf16>(y, a, w) },
+            dot_q: quant::dot_scalar,
+            axpy_q8_0: quant::axpy_q8_0_scalar,
         }
     }
 
@@ -290,6 +306,16 @@ impl Kernels {
     /// `y += a[0] w[0] + .. + a[3] w[3]` for bf16 rows.
     pub fn axpy4_bf16(&self, y: &mut [f32], a: [f32; 4], w: [&[bf16]; 4]) {
         (self.axpy4_bf16)(y, a, w)
+    }
+
+    /// `w . x` for a quantized row against an input quantized with [`QuantizedRow::quantize`].
+    pub fn dot_q(&self, kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
+        (self.dot_q)(kind, w, x)
+    }
+
+    /// `y += a * w` for a Q8_0 row.
+    pub fn axpy_q8_0(&self, y: &mut [f32], a: f32, w: &[u8]) {
+        (self.axpy_q8_0)(y, a, w)
     }
 
     /// The dot kernel for storage element `E`.

@@ -7,6 +7,7 @@ mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod pool;
+mod quant;
 mod simd;
 mod sparse;
 #[cfg(target_arch = "x86_64")]
@@ -15,4 +16,5 @@ mod x86;
 pub(crate) use kernels::RowElem;
 pub use kernels::{CpuTier, Kernels, CPU_TIER_ENV};
 pub use pool::{share, Pool};
+pub use quant::{dequantize_row, quantize_row_q8_0, QuantKind, QuantizedRow, QK};
 pub(crate) use sparse::{SparseJob, ThreadScratch};

@@ -1,0 +1,245 @@
+//! GGUF block quantizations (Q4_0, Q4_1, Q8_0) for sparse rows: integer dot products against an
+//! input quantized once per token to 8 bits (as llama.cpp does), and `axpy` from Q8_0 rows.
+//!
+//! Block layouts are ggml's, 32 weights per block: Q4_0 `{d: f16, qs: [u8; 16]}` (value
+//! `d * (q - 8)`), Q4_1 `{d: f16, m: f16, qs: [u8; 16]}` (value `d * q + m`), Q8_0
+//! `{d: f16, qs: [i8; 32]}` (value `d * q`); weight `j < 16` is the low nibble of `qs[j]`, weight
+//! `j + 16` the high nibble. Scalar kernels are the reference; AVX2 kernels are used when detected.
+
+use half::f16;
+
+/// Weights per block.
+pub const QK: usize = 32;
+
+/// A GGUF block type of sparse rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantKind {
+    /// 4-bit, symmetric, 18 bytes per 32 weights.
+    Q4_0,
+    /// 4-bit with minimum, 20 bytes per 32 weights.
+    Q4_1,
+    /// 8-bit, 34 bytes per 32 weights.
+    Q8_0,
+}
+
+impl QuantKind {
+    /// Bytes of one 32-weight block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantKind::Q4_0 => 18,
+            QuantKind::Q4_1 => 20,
+            QuantKind::Q8_0 => 34,
+        }
+    }
+
+    /// Bytes of a row of `n` weights (`n` a multiple of 32).
+    pub fn row_bytes(self, n: usize) -> usize {
+        n / QK * self.block_bytes()
+    }
+}
+
+/// One row of activations quantized to 8 bits per 32-value block: `x ~= d[b] * q[32 b + j]`, and
+/// `s[b] = d[b] * sum_j q[32 b + j]` (for the offset terms of Q4_0 and Q4_1).
+#[derive(Debug, Clone, Default)]
+pub struct QuantizedRow {
+    d: Vec<f32>,
+    s: Vec<f32>,
+    q: Vec<i8>,
+}
+
+impl QuantizedRow {
+    /// Quantizes `x` (length a multiple of 32) into this row, reusing its buffers.
+    pub fn quantize(&mut self, x: &[f32]) {
+        let nb = x.len() / QK;
+        self.d.clear();
+        self.s.clear();
+        self.q.clear();
+        for blk in x.chunks_exact(QK) {
+            let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for &v in blk {
+                let q = (v * id).round() as i8;
+                sum += q as i32;
+                self.q.push(q);
+            }
+            self.d.push(d);
+            self.s.push(d * sum as f32);
+        }
+        debug_assert_eq!(self.d.len(), nb);
+    }
+
+    /// Blocks in the row.
+    pub fn blocks(&self) -> usize {
+        self.d.len()
+    }
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Writes `src` (length a multiple of 32) as Q8_0 blocks into `dst` (ggml's rounding).
+pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) {
+    for (blk, out) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(34)) {
+        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        for (o, &v) in out[2..].iter_mut().zip(blk) {
+            *o = ((v * id).round() as i8) as u8;
+        }
+    }
+}
+
+/// Dequantizes one row of `kind` blocks into `dst` (the reference for tests).
+pub fn dequantize_row(kind: QuantKind, src: &[u8], dst: &mut [f32]) {
+    for (b, out) in src
+        .chunks_exact(kind.block_bytes())
+        .zip(dst.chunks_exact_mut(QK))
+    {
+        match kind {
+            QuantKind::Q4_0 | QuantKind::Q4_1 => {
+                let d = f16_at(b, 0);
+                let (m, qs) = match kind {
+                    QuantKind::Q4_1 => (f16_at(b, 2), &b[4..20]),
+                    _ => (-8.0 * d, &b[2..18]),
+                };
+                for j in 0..16 {
+                    out[j] = d * (qs[j] & 0xF) as f32 + m;
+                    out[j + 16] = d * (qs[j] >> 4) as f32 + m;
+                }
+            }
+            QuantKind::Q8_0 => {
+                let d = f16_at(b, 0);
+                for j in 0..QK {
+                    out[j] = d * (b[2 + j] as i8) as f32;
+                }
+            }
+        }
+    }
+}
+
+/// `w . x` for a quantized row against a quantized input (scalar reference).
+pub fn dot_scalar(kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
+    let bb = kind.block_bytes();
+    let mut acc = 0f32;
+    for (i, b) in w.chunks_exact(bb).take(x.blocks()).enumerate() {
+        let xq = &x.q[i * QK..(i + 1) * QK];
+        let d = f16_at(b, 0);
+        acc += match kind {
+            QuantKind::Q4_0 | QuantKind::Q4_1 => {
+                let qs = if kind == QuantKind::Q4_1 {
+                    &b[4..20]
+                } else {
+                    &b[2..18]
+                };
+                let mut s = 0i32;
+                for j in 0..16 {
+                    s += (qs[j] & 0xF) as i32 * xq[j] as i32
+                        + (qs[j] >> 4) as i32 * xq[j + 16] as i32;
+                }
+                let off = if kind == QuantKind::Q4_1 {
+                    f16_at(b, 2)
+                } else {
+                    -8.0 * d
+                };
+                d * x.d[i] * s as f32 + off * x.s[i]
+            }
+            QuantKind::Q8_0 => {
+                let s: i32 = (0..QK)
+                    .map(|j| (b[2 + j] as i8) as i32 * xq[j] as i32)
+                    .sum();
+                d * x.d[i] * s as f32
+            }
+        };
+    }
+    acc
+}
+
+/// `y += a * w` for a Q8_0 row (scalar reference).
+pub fn axpy_q8_0_scalar(y: &mut [f32], a: f32, w: &[u8]) {
+    for (b, out) in w.chunks_exact(34).zip(y.chunks_exact_mut(QK)) {
+        let ad = a * f16_at(b, 0);
+        for j in 0..QK {
+            out[j] += ad * (b[2 + j] as i8) as f32;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    //! AVX2 forms of the quantized kernels.
+    use std::arch::x86_64::*;
+
+    use super::{f16_at, QuantKind, QuantizedRow, QK};
+
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot(kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
+        let bb = kind.block_bytes();
+        let nb = (w.len() / bb).min(x.blocks()).min(x.q.len() / QK);
+        let mut off = 0f32;
+        // SAFETY: every load below reads within block `i < nb` of `w` (bb bytes) and of `x.q`
+        // (32 bytes), both checked by `nb`; AVX2/FMA are this function's contract.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let ones = _mm256_set1_epi16(1);
+            let low = _mm_set1_epi8(0x0F);
+            for i in 0..nb {
+                let b = w.as_ptr().add(i * bb);
+                let xv = _mm256_loadu_si256(x.q.as_ptr().add(i * QK).cast());
+                let d = f16_at(w, i * bb) * x.d[i];
+                let prod = match kind {
+                    QuantKind::Q4_0 | QuantKind::Q4_1 => {
+                        let qs_at = if kind == QuantKind::Q4_1 { 4 } else { 2 };
+                        let qs = _mm_loadu_si128(b.add(qs_at).cast());
+                        let lo = _mm_and_si128(qs, low);
+                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low);
+                        let wv = _mm256_set_m128i(hi, lo);
+                        off += x.s[i]
+                            * if kind == QuantKind::Q4_1 {
+                                f16_at(w, i * bb + 2)
+                            } else {
+                                -8.0 * f16_at(w, i * bb)
+                            };
+                        _mm256_maddubs_epi16(wv, xv)
+                    }
+                    QuantKind::Q8_0 => {
+                        let wv = _mm256_loadu_si256(b.add(2).cast());
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+                    }
+                };
+                let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
+                acc = _mm256_fmadd_ps(p, _mm256_set1_ps(d), acc);
+            }
+            let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+            _mm_cvtss_f32(s) + off
+        }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn axpy_q8_0(y: &mut [f32], a: f32, w: &[u8]) {
+        let nb = (w.len() / 34).min(y.len() / QK);
+        // SAFETY: block `i < nb` reads 34 bytes of `w` and writes 32 floats of `y`, both in bounds.
+        unsafe {
+            for i in 0..nb {
+                let b = w.as_ptr().add(i * 34 + 2);
+                let ad = _mm256_set1_ps(a * f16_at(w, i * 34));
+                let yp = y.as_mut_ptr().add(i * QK);
+                for k in 0..4 {
+                    let q = _mm_loadl_epi64(b.add(8 * k).cast());
+                    let wf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                    let yv = _mm256_loadu_ps(yp.add(8 * k));
+                    _mm256_storeu_ps(yp.add(8 * k), _mm256_fmadd_ps(ad, wf, yv));
+                }
+            }
+        }
+    }
+}
