@@ -9,6 +9,7 @@ use candle_core::{DType, Tensor, WithDType};
 use half::{bf16, f16};
 
 use crate::activation::Activation;
+use crate::cpu::{dequantize_row, quantize_row_q8_0, QuantKind, QK};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Shape and kind of one FFN block.
@@ -58,9 +59,11 @@ impl FfnSpec {
         }
     }
 
-    /// Bytes of one neuron's weights in `dtype` (what placing it in a tier costs).
+    /// Bytes of one neuron's weights in `dtype` (what placing it in a tier costs). Quantized
+    /// storage keeps gate and up rows in `dtype` and the down row in Q8_0.
     pub fn neuron_bytes(&self, dtype: WeightDType) -> usize {
-        self.rows_per_neuron() * self.hidden * dtype.size()
+        (self.rows_per_neuron() - 1) * dtype.row_bytes(self.hidden)
+            + dtype.down().row_bytes(self.hidden)
     }
 }
 
@@ -73,23 +76,40 @@ pub enum WeightDType {
     F16,
     /// bfloat16.
     BF16,
+    /// GGUF Q4_0 gate/up rows, Q8_0 down rows (hidden must be a multiple of 32).
+    Q4_0,
+    /// GGUF Q4_1 gate/up rows, Q8_0 down rows.
+    Q4_1,
+    /// GGUF Q8_0 rows.
+    Q8_0,
 }
 
 impl WeightDType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
+    /// Bytes of a row of `n` weights (`n` a multiple of 32 for the quantized types).
+    pub fn row_bytes(self, n: usize) -> usize {
         match self {
-            WeightDType::F32 => 4,
-            WeightDType::F16 | WeightDType::BF16 => 2,
+            WeightDType::F32 => 4 * n,
+            WeightDType::F16 | WeightDType::BF16 => 2 * n,
+            q => q.quant().map_or(0, |k| k.row_bytes(n)),
         }
     }
 
-    /// The matching candle dtype.
-    pub fn to_candle(self) -> DType {
+    /// The GGUF block type, for quantized storage.
+    pub fn quant(self) -> Option<QuantKind> {
         match self {
-            WeightDType::F32 => DType::F32,
-            WeightDType::F16 => DType::F16,
-            WeightDType::BF16 => DType::BF16,
+            WeightDType::Q4_0 => Some(QuantKind::Q4_0),
+            WeightDType::Q4_1 => Some(QuantKind::Q4_1),
+            WeightDType::Q8_0 => Some(QuantKind::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// The storage of down rows: Q8_0 when quantized, else the same dtype.
+    pub fn down(self) -> WeightDType {
+        if self.quant().is_some() {
+            WeightDType::Q8_0
+        } else {
+            self
         }
     }
 
@@ -114,6 +134,11 @@ pub(crate) enum BundleData {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    /// Gate/up rows in `kind`, the down row in Q8_0, per neuron back to back.
+    Quant {
+        kind: QuantKind,
+        bytes: Vec<u8>,
+    },
 }
 
 /// The FFN weights of one layer, neuron-major: neuron `i` owns the contiguous slice
@@ -239,6 +264,23 @@ impl NeuronBundles {
             WeightDType::F32 => BundleData::F32(interleave::<f32>(&spec, &sources)?),
             WeightDType::F16 => BundleData::F16(interleave::<f16>(&spec, &sources)?),
             WeightDType::BF16 => BundleData::BF16(interleave::<bf16>(&spec, &sources)?),
+            q => {
+                let kind = q
+                    .quant()
+                    .ok_or_else(|| Error::config("storage", "not a quantized type"))?;
+                check_quant_width(&spec, q)?;
+                let mut rows: Vec<Vec<u8>> = Vec::with_capacity(sources.len());
+                for (t, name) in &sources[..sources.len() - 1] {
+                    finite_f32(t, name)?;
+                    let qt = candle_core::quantized::QTensor::quantize(t, ggml(kind))?;
+                    rows.push(qt.data()?.into_owned());
+                }
+                let down = finite_f32(&down_t, "down_proj.weight")?;
+                BundleData::Quant {
+                    kind,
+                    bytes: interleave_quant(&spec, kind, &rows, &down),
+                }
+            }
         };
         Ok(NeuronBundles {
             spec,
@@ -254,12 +296,90 @@ impl NeuronBundles {
         &self.spec
     }
 
+    /// Builds quantized bundles from GGUF tensors as a file holds them (`[out, in]`, candle's
+    /// `QTensor`): gate and up rows keep their Q4_0 / Q4_1 / Q8_0 blocks byte for byte; the down
+    /// matrix is transposed and re-quantized per row to Q8_0. Other block types are dequantized
+    /// and stored as Q8_0.
+    pub fn from_qtensors(
+        spec: FfnSpec,
+        gate: Option<&candle_core::quantized::QTensor>,
+        up: &candle_core::quantized::QTensor,
+        down: &candle_core::quantized::QTensor,
+    ) -> Result<Self> {
+        let (h, n) = (spec.hidden, spec.intermediate);
+        if spec.gated != gate.is_some() {
+            return Err(Error::config(
+                "gated",
+                "gate tensor must be given exactly for gated specs",
+            ));
+        }
+        let kind = match up.dtype() {
+            candle_core::quantized::GgmlDType::Q4_0 => QuantKind::Q4_0,
+            candle_core::quantized::GgmlDType::Q4_1 => QuantKind::Q4_1,
+            _ => QuantKind::Q8_0,
+        };
+        let q = match kind {
+            QuantKind::Q4_0 => WeightDType::Q4_0,
+            QuantKind::Q4_1 => WeightDType::Q4_1,
+            QuantKind::Q8_0 => WeightDType::Q8_0,
+        };
+        check_quant_width(&spec, q)?;
+        let mut rows = Vec::new();
+        for (t, name) in gate
+            .map(|g| (g, "gate_proj.weight"))
+            .into_iter()
+            .chain([(up, "up_proj.weight")])
+        {
+            if t.shape().dims() != [n, h] {
+                return Err(Error::shape(name, &[Some(n), Some(h)], t.shape().dims()));
+            }
+            let same = ggml(kind) == t.dtype();
+            let bytes = if same {
+                t.data()?.into_owned()
+            } else {
+                let f = t.dequantize(&candle_core::Device::Cpu)?;
+                candle_core::quantized::QTensor::quantize(&f, ggml(kind))?
+                    .data()?
+                    .into_owned()
+            };
+            check_quant_finite(kind, &bytes, h, name)?;
+            rows.push(bytes);
+        }
+        if down.shape().dims() != [h, n] {
+            return Err(Error::shape(
+                "down_proj.weight",
+                &[Some(h), Some(n)],
+                down.shape().dims(),
+            ));
+        }
+        let down_t = down
+            .dequantize(&candle_core::Device::Cpu)?
+            .t()?
+            .contiguous()?;
+        let down = finite_f32(&down_t, "down_proj.weight")?;
+        Ok(NeuronBundles {
+            spec,
+            data: BundleData::Quant {
+                kind,
+                bytes: interleave_quant(&spec, kind, &rows, &down),
+            },
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        })
+    }
+
     /// The storage dtype.
     pub fn dtype(&self) -> WeightDType {
-        match self.data {
+        match &self.data {
             BundleData::F32(_) => WeightDType::F32,
             BundleData::F16(_) => WeightDType::F16,
             BundleData::BF16(_) => WeightDType::BF16,
+            BundleData::Quant { kind, .. } => match kind {
+                QuantKind::Q4_0 => WeightDType::Q4_0,
+                QuantKind::Q4_1 => WeightDType::Q4_1,
+                QuantKind::Q8_0 => WeightDType::Q8_0,
+            },
         }
     }
 
@@ -279,6 +399,21 @@ impl NeuronBundles {
             BundleData::F32(v) => v.clone(),
             BundleData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             BundleData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            BundleData::Quant { kind, bytes } => {
+                let (rg, rd) = (kind.row_bytes(h), QuantKind::Q8_0.row_bytes(h));
+                let mut out = vec![0f32; n * r * h];
+                for (i, b) in bytes.chunks_exact((r - 1) * rg + rd).enumerate() {
+                    for k in 0..r {
+                        let (src, kd) = if k < r - 1 {
+                            (&b[k * rg..(k + 1) * rg], *kind)
+                        } else {
+                            (&b[(r - 1) * rg..], QuantKind::Q8_0)
+                        };
+                        dequantize_row(kd, src, &mut out[(i * r + k) * h..(i * r + k + 1) * h]);
+                    }
+                }
+                out
+            }
         };
         let dev = candle_core::Device::Cpu;
         let t = Tensor::from_vec(all, (n, r, h), &dev)?;
@@ -291,6 +426,56 @@ impl NeuronBundles {
         let down = t.narrow(1, r - 1, 1)?.squeeze(1)?.t()?.contiguous()?;
         Ok((gate, up, down))
     }
+}
+
+fn ggml(kind: QuantKind) -> candle_core::quantized::GgmlDType {
+    match kind {
+        QuantKind::Q4_0 => candle_core::quantized::GgmlDType::Q4_0,
+        QuantKind::Q4_1 => candle_core::quantized::GgmlDType::Q4_1,
+        QuantKind::Q8_0 => candle_core::quantized::GgmlDType::Q8_0,
+    }
+}
+
+fn check_quant_width(spec: &FfnSpec, q: WeightDType) -> Result<()> {
+    if !spec.hidden.is_multiple_of(QK) {
+        return Err(Error::config(
+            "storage",
+            format!(
+                "{q:?} needs hidden ({}) to be a multiple of {QK}",
+                spec.hidden
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Rejects quantized rows whose scales decode to NaN or infinity (a corrupt file).
+fn check_quant_finite(kind: QuantKind, bytes: &[u8], h: usize, name: &str) -> Result<()> {
+    let mut row = vec![0f32; h];
+    for (r, src) in bytes.chunks_exact(kind.row_bytes(h)).enumerate() {
+        dequantize_row(kind, src, &mut row);
+        if let Some(j) = row.iter().position(|v| !v.is_finite()) {
+            return Err(Error::non_finite(name, r * h + j));
+        }
+    }
+    Ok(())
+}
+
+/// Neuron-major quantized bundles: for neuron `i`, its row of each matrix in `rows` (raw blocks,
+/// `[intermediate, hidden]` each) then its down row (`down_t`, f32 `[intermediate, hidden]`)
+/// re-quantized to Q8_0.
+fn interleave_quant(spec: &FfnSpec, kind: QuantKind, rows: &[Vec<u8>], down_t: &[f32]) -> Vec<u8> {
+    let h = spec.hidden;
+    let (rg, rd) = (kind.row_bytes(h), QuantKind::Q8_0.row_bytes(h));
+    let stride = rows.len() * rg + rd;
+    let mut out = vec![0u8; spec.intermediate * stride];
+    for (i, b) in out.chunks_exact_mut(stride).enumerate() {
+        for (k, m) in rows.iter().enumerate() {
+            b[k * rg..(k + 1) * rg].copy_from_slice(&m[i * rg..(i + 1) * rg]);
+        }
+        quantize_row_q8_0(&down_t[i * h..(i + 1) * h], &mut b[rows.len() * rg..]);
+    }
+    out
 }
 
 /// Reads the sources (each `[intermediate, hidden]`, in bundle order) into one neuron-major vector.

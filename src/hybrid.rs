@@ -60,6 +60,7 @@ impl Default for HybridOptions {
 #[derive(Debug, Default)]
 struct Scratch {
     x: Vec<f32>,
+    xq: Vec<crate::cpu::QuantizedRow>,
     set: ActiveSet,
     hot: Vec<u32>,
     cold: Vec<u32>,
@@ -370,6 +371,14 @@ impl HybridFfn {
         let dense = self.force_dense.load(Ordering::Relaxed)
             || matches!(self.prefill, PrefillPolicy::DenseFrom(n) if rows >= n);
         s.set.reset(rows, spec.intermediate);
+        if self.bundles.dtype().quant().is_some() {
+            if s.xq.len() < rows {
+                s.xq.resize_with(rows, Default::default);
+            }
+            for (q, xr) in s.xq.iter_mut().zip(x.chunks_exact(spec.hidden)) {
+                q.quantize(xr);
+            }
+        }
         let input = PredictInput {
             x,
             rows,
@@ -377,6 +386,7 @@ impl HybridFfn {
             bundles: &self.bundles,
             kernels: &self.kernels,
             pool: &self.pool,
+            xq: &s.xq,
         };
         if dense {
             All.predict(&input, &mut s.set)?;
@@ -404,6 +414,7 @@ impl HybridFfn {
             x,
             rows,
             set: &s.set,
+            xq: &s.xq,
         };
         let record = self.stats_on.load(Ordering::Relaxed);
         let mut stats = record.then(|| self.stats.lock().unwrap_or_else(|e| e.into_inner()));

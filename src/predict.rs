@@ -159,6 +159,8 @@ pub struct PredictInput<'a> {
     pub(crate) bundles: &'a NeuronBundles,
     pub(crate) kernels: &'a Kernels,
     pub(crate) pool: &'a Pool,
+    /// The rows quantized to 8 bits (only for quantized storage).
+    pub(crate) xq: &'a [crate::cpu::QuantizedRow],
 }
 
 impl PredictInput<'_> {
@@ -291,6 +293,21 @@ fn all_neurons(input: &PredictInput<'_>, k: usize, bias: Option<&[f32]>, out: &m
         BundleData::F32(w) => fill(w, input, k, stride, bias, out),
         BundleData::F16(w) => fill(w, input, k, stride, bias, out),
         BundleData::BF16(w) => fill(w, input, k, stride, bias, out),
+        BundleData::Quant { kind, bytes } => {
+            let rg = kind.row_bytes(h);
+            let stride =
+                (b.spec().rows_per_neuron() - 1) * rg + crate::cpu::QuantKind::Q8_0.row_bytes(h);
+            let kern = input.kernels;
+            input.pool.run_chunks(out, n, rows, &|range, part| {
+                for (p, i) in range.enumerate() {
+                    let row = &bytes[i * stride + k * rg..i * stride + (k + 1) * rg];
+                    let bi = bias.map_or(0.0, |b| b[i]);
+                    for r in 0..rows {
+                        part[p * rows + r] = kern.dot_q(*kind, row, &input.xq[r]) + bi;
+                    }
+                }
+            });
+        }
     }
 }
 

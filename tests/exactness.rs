@@ -158,6 +158,67 @@ proptest! {
     }
 }
 
+/// Quantized storage (Q4_0, Q4_1, Q8_0 gate/up, Q8_0 down): the kernels multiply the stored
+/// blocks with the input quantized to 8 bits per 32 values, so the reference is the masked dense
+/// FFN on the dequantized weights and on that same quantized input. Only summation order differs.
+fn check_quant(c: &Case, dtype: WeightDType, gate_first: bool) -> Result<(), TestCaseError> {
+    let spec = FfnSpec::new(c.hidden, c.inter, c.act, c.gated).unwrap();
+    let w = Weights::random(&spec, c.seed);
+    let bundles = NeuronBundles::from_weights(spec, w.view(), dtype).unwrap();
+    prop_assert_eq!(bundles.dtype(), dtype);
+    prop_assert_eq!(bundles.weight_bytes(), c.inter * spec.neuron_bytes(dtype));
+    let b = build(c);
+    let ffn = HybridFfn::new(
+        bundles,
+        HybridOptions {
+            threads: c.threads,
+            cpu_tier: Some(c.tier),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .with_placement(b.ffn.placement().clone())
+    .unwrap();
+    let ffn = if gate_first {
+        ffn.with_predictor(GateFirst::new(0.0).unwrap())
+    } else {
+        ffn.with_predictor(Oracle::new(b.sets.clone()))
+    };
+    let x = b.x.to_dtype(DType::F32).unwrap();
+    let y = ffn.forward(&x).unwrap();
+    let xs = flat(&x);
+    let mut xd = vec![0f32; xs.len()];
+    let mut q = powerinfer::QuantizedRow::default();
+    for (src, dst) in xs.chunks(c.hidden).zip(xd.chunks_mut(c.hidden)) {
+        q.quantize(src);
+        q.dequantize(dst);
+    }
+    let xd = Tensor::from_vec(xd, x.dims(), &Device::Cpu).unwrap();
+    let mask = (!gate_first).then_some(&b.mask[..]);
+    let r = masked_reference(&xd, &spec, ffn.bundles(), mask);
+    let e = rel_err(&y, &r);
+    prop_assert!(
+        e <= 1e-4,
+        "{dtype:?} gate_first={gate_first}: rel err {e} for {c:?}"
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #[test]
+    fn quantized_storage_equals_dense_on_the_same_values(
+        c in case(),
+        blocks in 1usize..4,
+        q in 0usize..3,
+        gate_first in any::<bool>(),
+    ) {
+        let c = Case { hidden: 32 * blocks, ..c };
+        // GateFirst at 0 is exact for ReLU/dReLU and keeps every nonzero |h| otherwise.
+        check_quant(&c, [WeightDType::Q4_0, WeightDType::Q4_1, WeightDType::Q8_0][q], gate_first)?;
+    }
+}
+
 /// Edge shapes: sizes of 1, odd sizes, SIMD widths +-1, empty and full active sets, all-hot and
 /// all-cold placements, on every tier.
 #[test]

@@ -70,6 +70,13 @@ impl QuantizedRow {
         debug_assert_eq!(self.d.len(), nb);
     }
 
+    /// The values the integer kernels see: `out[j] = d[j / 32] * q[j]`.
+    pub fn dequantize(&self, out: &mut [f32]) {
+        for (j, (o, &q)) in out.iter_mut().zip(&self.q).enumerate() {
+            *o = self.d[j / QK] * q as f32;
+        }
+    }
+
     /// Blocks in the row.
     pub fn blocks(&self) -> usize {
         self.d.len()

@@ -7,6 +7,7 @@
 
 use super::kernels::{Kernels, RowElem};
 use super::pool::{share, Pool};
+use super::quant::{QuantKind, QuantizedRow};
 use crate::ffn::{BundleData, NeuronBundles};
 use crate::predict::ActiveSet;
 
@@ -33,6 +34,8 @@ pub(crate) struct SparseJob<'a> {
     pub x: &'a [f32],
     pub rows: usize,
     pub set: &'a ActiveSet,
+    /// The input rows quantized to 8 bits (filled only for quantized storage).
+    pub xq: &'a [QuantizedRow],
 }
 
 impl SparseJob<'_> {
@@ -51,8 +54,56 @@ impl SparseJob<'_> {
                 BundleData::F32(w) => self.partial(w, mine, st),
                 BundleData::F16(w) => self.partial(w, mine, st),
                 BundleData::BF16(w) => self.partial(w, mine, st),
+                BundleData::Quant { kind, bytes } => self.partial_quant(*kind, bytes, mine, st),
             }
         });
+    }
+
+    /// The CPU tier on quantized bundles: integer dots of gate/up rows against the quantized
+    /// input, `axpy` of the Q8_0 down row.
+    fn partial_quant(&self, kind: QuantKind, w: &[u8], neurons: &[u32], st: &mut ThreadScratch) {
+        let spec = self.bundles.spec();
+        let (h, rows, act) = (spec.hidden, self.rows, spec.activation);
+        let rg = kind.row_bytes(h);
+        let stride = (spec.rows_per_neuron() - 1) * rg + QuantKind::Q8_0.row_bytes(h);
+        let k = self.kernels;
+        let gate_bias = self.bundles.gate_bias.as_deref();
+        let up_bias = self.bundles.up_bias.as_deref();
+        let set = self.set;
+        for rb in (0..rows).step_by(ROW_BLOCK) {
+            let re = (rb + ROW_BLOCK).min(rows);
+            for (p, &i) in neurons.iter().enumerate() {
+                let i = i as usize;
+                let b = &w[i * stride..(i + 1) * stride];
+                let up_at = if spec.gated { rg } else { 0 };
+                for r in rb..re {
+                    let v = if set.contains(r, i) {
+                        let xq = &self.xq[r];
+                        let u = set.known_up(r, i).unwrap_or_else(|| {
+                            k.dot_q(kind, &b[up_at..up_at + rg], xq) + up_bias.map_or(0.0, |b| b[i])
+                        });
+                        if spec.gated {
+                            let g = set.known_gate(r, i).unwrap_or_else(|| {
+                                k.dot_q(kind, &b[..rg], xq) + gate_bias.map_or(0.0, |b| b[i])
+                            });
+                            act.gated(g, u)
+                        } else {
+                            act.ungated(u)
+                        }
+                    } else {
+                        0.0
+                    };
+                    st.h[p * rows + r] = v;
+                    if v != 0.0 {
+                        k.axpy_q8_0(
+                            &mut st.acc[r * h..(r + 1) * h],
+                            v,
+                            &b[stride - QuantKind::Q8_0.row_bytes(h)..],
+                        );
+                    }
+                }
+            }
+        }
     }
 
     fn partial<E: RowElem>(&self, w: &[E], neurons: &[u32], st: &mut ThreadScratch) {
