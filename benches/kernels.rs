@@ -65,5 +65,35 @@ fn kernels(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernels);
+fn quantized(c: &mut Criterion) {
+    use powerinfer::{QuantKind, QuantizedRow};
+    // One SmolLM2 row (576 = 18 blocks) and one Llama-7B row (4096 = 128 blocks).
+    let mut g = c.benchmark_group("dot_q");
+    for n in [576usize, 4096] {
+        let x: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
+        let mut xq = QuantizedRow::default();
+        xq.quantize(&x);
+        for kind in [QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q8_0] {
+            let w: Vec<u8> = (0..kind.row_bytes(n)).map(|i| (i * 7 % 61) as u8).collect();
+            // Valid f16 scales at the start of every block.
+            let mut w = w;
+            for b in w.chunks_mut(kind.block_bytes()) {
+                b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                if kind == QuantKind::Q4_1 {
+                    b[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
+                }
+            }
+            g.throughput(Throughput::Bytes(w.len() as u64));
+            for tier in CpuTier::supported() {
+                let k = Kernels::new(tier).unwrap();
+                g.bench_function(BenchmarkId::new(format!("{kind:?}/{n}"), tier), |b| {
+                    b.iter(|| k.dot_q(kind, std::hint::black_box(&w), &xq))
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, kernels, quantized);
 criterion_main!(benches);

@@ -27,12 +27,11 @@ pub struct ActiveSet {
     all: bool,
     mask: Vec<u64>,
     union: Vec<u32>,
-    /// Gate pre-activations known for every neuron, `[neuron * rows + row]`, when `gate_known`.
-    pub(crate) gate: Vec<f32>,
-    /// Up pre-activations known for every neuron, `[neuron * rows + row]`, when `up_known`.
-    pub(crate) up: Vec<f32>,
-    pub(crate) gate_known: bool,
-    pub(crate) up_known: bool,
+    /// Pre-activations a predictor computed for every neuron: `[(neuron * slots + slot) * rows + row]`.
+    pub(crate) known: Vec<f32>,
+    pub(crate) slots: usize,
+    pub(crate) gate_slot: Option<usize>,
+    pub(crate) up_slot: Option<usize>,
 }
 
 impl ActiveSet {
@@ -50,8 +49,9 @@ impl ActiveSet {
         self.mask.clear();
         self.mask.resize(rows * self.words, 0);
         self.union.clear();
-        self.gate_known = false;
-        self.up_known = false;
+        self.slots = 0;
+        self.gate_slot = None;
+        self.up_slot = None;
     }
 
     /// Marks `neuron` active for `row`.
@@ -137,13 +137,20 @@ impl ActiveSet {
     /// Known gate value for (row, neuron), if the predictor computed it.
     #[inline]
     pub(crate) fn known_gate(&self, row: usize, neuron: usize) -> Option<f32> {
-        self.gate_known.then(|| self.gate[neuron * self.rows + row])
+        self.gate_slot
+            .map(|s| self.known[(neuron * self.slots + s) * self.rows + row])
     }
 
     /// Known up value for (row, neuron), if the predictor computed it.
     #[inline]
     pub(crate) fn known_up(&self, row: usize, neuron: usize) -> Option<f32> {
-        self.up_known.then(|| self.up[neuron * self.rows + row])
+        self.up_slot
+            .map(|s| self.known[(neuron * self.slots + s) * self.rows + row])
+    }
+
+    /// True when a predictor handed over gate or up values.
+    pub(crate) fn has_known(&self) -> bool {
+        self.slots > 0
     }
 }
 
@@ -259,51 +266,71 @@ impl GateFirst {
     }
 }
 
-/// Fills `out[i * rows + r] = row_k(neuron i) . x_r + bias_i` for every neuron, in parallel.
-/// `k` is the row's position in the bundle (0 gate, 1 up for gated; 0 up for ungated).
-fn all_neurons(input: &PredictInput<'_>, k: usize, bias: Option<&[f32]>, out: &mut Vec<f32>) {
+/// Fills `out[(i * K + s) * rows + r] = row_{ks[s]}(neuron i) . x_r + bias_s[i]` for every neuron
+/// `i`, slot `s` and row `r`, in parallel, in one pass over the bundles. `ks[s]` is the row's
+/// position in the bundle (0 gate, 1 up for gated; 0 up for ungated).
+fn all_neurons<const K: usize>(
+    input: &PredictInput<'_>,
+    ks: [usize; K],
+    biases: [Option<&[f32]>; K],
+    out: &mut Vec<f32>,
+) {
     let b = input.bundles;
     let (h, n, rows) = (b.spec().hidden, b.spec().intermediate, input.rows);
-    let stride = b.spec().rows_per_neuron() * h;
     out.clear();
-    out.resize(n * rows, 0.0);
-    fn fill<E: crate::cpu::RowElem>(
+    out.resize(n * K * rows, 0.0);
+    let bias = |s: usize, i: usize| biases[s].map_or(0.0, |b| b[i]);
+    fn fill<E: crate::cpu::RowElem, const K: usize>(
         w: &[E],
         input: &PredictInput<'_>,
-        k: usize,
-        stride: usize,
-        bias: Option<&[f32]>,
+        ks: [usize; K],
+        bias: &(dyn Fn(usize, usize) -> f32 + Sync),
         out: &mut [f32],
     ) {
-        let (h, rows) = (input.hidden, input.rows);
+        let (h, rows, n) = (input.hidden, input.rows, input.bundles.spec().intermediate);
+        let stride = input.bundles.spec().rows_per_neuron() * h;
         let dot = input.kernels.dot::<E>();
-        input
-            .pool
-            .run_chunks(out, out.len() / rows.max(1), rows, &|range, part| {
-                for (p, i) in range.enumerate() {
+        input.pool.run_chunks(out, n, K * rows, &|range, part| {
+            let end = range.end;
+            for (p, i) in range.enumerate() {
+                let ahead = i + crate::cpu::PREFETCH_AHEAD;
+                if ahead < end {
+                    crate::cpu::prefetch(
+                        &w[ahead * stride + ks[0] * h..ahead * stride + (ks[K - 1] + 1) * h],
+                    );
+                }
+                for (s, &k) in ks.iter().enumerate() {
                     let row = &w[i * stride + k * h..i * stride + (k + 1) * h];
-                    let bi = bias.map_or(0.0, |b| b[i]);
                     for r in 0..rows {
-                        part[p * rows + r] = dot(row, input.row(r)) + bi;
+                        part[(p * K + s) * rows + r] = dot(row, input.row(r)) + bias(s, i);
                     }
                 }
-            });
+            }
+        });
     }
     match &b.data {
-        BundleData::F32(w) => fill(w, input, k, stride, bias, out),
-        BundleData::F16(w) => fill(w, input, k, stride, bias, out),
-        BundleData::BF16(w) => fill(w, input, k, stride, bias, out),
+        BundleData::F32(w) => fill(w, input, ks, &bias, out),
+        BundleData::F16(w) => fill(w, input, ks, &bias, out),
+        BundleData::BF16(w) => fill(w, input, ks, &bias, out),
         BundleData::Quant { kind, bytes } => {
             let rg = kind.row_bytes(h);
             let stride =
                 (b.spec().rows_per_neuron() - 1) * rg + crate::cpu::QuantKind::Q8_0.row_bytes(h);
             let kern = input.kernels;
-            input.pool.run_chunks(out, n, rows, &|range, part| {
+            input.pool.run_chunks(out, n, K * rows, &|range, part| {
+                let end = range.end;
                 for (p, i) in range.enumerate() {
-                    let row = &bytes[i * stride + k * rg..i * stride + (k + 1) * rg];
-                    let bi = bias.map_or(0.0, |b| b[i]);
-                    for r in 0..rows {
-                        part[p * rows + r] = kern.dot_q(*kind, row, &input.xq[r]) + bi;
+                    let ahead = i + crate::cpu::PREFETCH_AHEAD;
+                    if ahead < end {
+                        let a = ahead * stride;
+                        crate::cpu::prefetch(&bytes[a + ks[0] * rg..a + (ks[K - 1] + 1) * rg]);
+                    }
+                    for (s, &k) in ks.iter().enumerate() {
+                        let row = &bytes[i * stride + k * rg..i * stride + (k + 1) * rg];
+                        for r in 0..rows {
+                            part[(p * K + s) * rows + r] =
+                                kern.dot_q(*kind, row, &input.xq[r]) + bias(s, i);
+                        }
                     }
                 }
             });
@@ -318,31 +345,43 @@ impl Predictor for GateFirst {
         let (n, rows, t) = (spec.intermediate, input.rows, self.threshold);
         let act = spec.activation;
         let exact = act.exact_zeros();
-        let mut gate = std::mem::take(&mut set.gate);
-        let mut up = std::mem::take(&mut set.up);
-        if spec.gated {
-            all_neurons(input, 0, b.gate_bias.as_deref(), &mut gate);
-            set.gate_known = true;
-        }
-        if !spec.gated || !exact {
-            let k = usize::from(spec.gated);
-            all_neurons(input, k, b.up_bias.as_deref(), &mut up);
-            set.up_known = true;
-        }
+        let mut known = std::mem::take(&mut set.known);
+        let (gb, ub) = (b.gate_bias.as_deref(), b.up_bias.as_deref());
+        // Which rows to compute for every neuron: gate only (exact zeros), gate and up (smooth
+        // gated), or up only (ungated).
+        let slots = match (spec.gated, exact) {
+            (true, true) => {
+                all_neurons(input, [0], [gb], &mut known);
+                set.gate_slot = Some(0);
+                1
+            }
+            (true, false) => {
+                all_neurons(input, [0, 1], [gb, ub], &mut known);
+                set.gate_slot = Some(0);
+                set.up_slot = Some(1);
+                2
+            }
+            (false, _) => {
+                all_neurons(input, [0], [ub], &mut known);
+                set.up_slot = Some(0);
+                1
+            }
+        };
+        set.slots = slots;
+        let at = |i: usize, s: usize, r: usize| known[(i * slots + s) * rows + r];
         for i in 0..n {
             for r in 0..rows {
                 let keep = match (spec.gated, exact) {
-                    (true, true) => act.apply(gate[i * rows + r]) > t,
-                    (true, false) => act.gated(gate[i * rows + r], up[i * rows + r]).abs() > t,
-                    (false, _) => act.ungated(up[i * rows + r]).abs() > t,
+                    (true, true) => act.apply(at(i, 0, r)) > t,
+                    (true, false) => act.gated(at(i, 0, r), at(i, 1, r)).abs() > t,
+                    (false, _) => act.ungated(at(i, 0, r)).abs() > t,
                 };
                 if keep {
                     set.insert(r, i)?;
                 }
             }
         }
-        set.gate = gate;
-        set.up = up;
+        set.known = known;
         Ok(())
     }
 }

@@ -186,42 +186,71 @@ pub(crate) mod avx2 {
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn dot(kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
-        let bb = kind.block_bytes();
-        let nb = (w.len() / bb).min(x.blocks()).min(x.q.len() / QK);
-        let mut off = 0f32;
-        // SAFETY: every load below reads within block `i < nb` of `w` (bb bytes) and of `x.q`
-        // (32 bytes), both checked by `nb`; AVX2/FMA are this function's contract.
+        // SAFETY: forwarded contract; one monomorphic loop per block type.
         unsafe {
-            let mut acc = _mm256_setzero_ps();
-            let ones = _mm256_set1_epi16(1);
-            let low = _mm_set1_epi8(0x0F);
-            for i in 0..nb {
-                let b = w.as_ptr().add(i * bb);
-                let xv = _mm256_loadu_si256(x.q.as_ptr().add(i * QK).cast());
-                let d = f16_at(w, i * bb) * x.d[i];
-                let prod = match kind {
-                    QuantKind::Q4_0 | QuantKind::Q4_1 => {
-                        let qs_at = if kind == QuantKind::Q4_1 { 4 } else { 2 };
-                        let qs = _mm_loadu_si128(b.add(qs_at).cast());
-                        let lo = _mm_and_si128(qs, low);
-                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low);
-                        let wv = _mm256_set_m128i(hi, lo);
-                        off += x.s[i]
-                            * if kind == QuantKind::Q4_1 {
-                                f16_at(w, i * bb + 2)
-                            } else {
-                                -8.0 * f16_at(w, i * bb)
-                            };
-                        _mm256_maddubs_epi16(wv, xv)
-                    }
-                    QuantKind::Q8_0 => {
-                        let wv = _mm256_loadu_si256(b.add(2).cast());
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
-                    }
-                };
-                let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
-                acc = _mm256_fmadd_ps(p, _mm256_set1_ps(d), acc);
+            match kind {
+                QuantKind::Q4_0 => dot_kind::<0>(w, x),
+                QuantKind::Q4_1 => dot_kind::<1>(w, x),
+                QuantKind::Q8_0 => dot_kind::<2>(w, x),
             }
+        }
+    }
+
+    /// Integer products of one block (`K`: 0 Q4_0, 1 Q4_1, 2 Q8_0) as 8 i32 lanes in f32.
+    #[inline(always)]
+    unsafe fn block<const K: usize>(b: *const u8, xq: *const i8) -> __m256 {
+        // SAFETY: the caller guarantees a whole block at `b` and 32 values at `xq`.
+        unsafe {
+            let xv = _mm256_loadu_si256(xq.cast());
+            let prod = if K == 2 {
+                let wv = _mm256_loadu_si256(b.add(2).cast());
+                _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+            } else {
+                let qs = _mm_loadu_si128(b.add(if K == 1 { 4 } else { 2 }).cast());
+                let low = _mm_set1_epi8(0x0F);
+                let lo = _mm_and_si128(qs, low);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), low);
+                _mm256_maddubs_epi16(_mm256_set_m128i(hi, lo), xv)
+            };
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_kind<const K: usize>(w: &[u8], x: &QuantizedRow) -> f32 {
+        let bb = [18, 20, 34][K];
+        let nb = (w.len() / bb).min(x.blocks()).min(x.q.len() / QK);
+        let (wp, xp) = (w.as_ptr(), x.q.as_ptr());
+        let mut off = 0f32;
+        // SAFETY: blocks `i < nb` lie inside `w` (bb bytes each) and `x.q` (32 each).
+        unsafe {
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i + 2 <= nb {
+                let (d0, d1) = (f16_at(w, i * bb), f16_at(w, (i + 1) * bb));
+                let p0 = block::<K>(wp.add(i * bb), xp.add(i * QK));
+                let p1 = block::<K>(wp.add((i + 1) * bb), xp.add((i + 1) * QK));
+                a0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(d0 * x.d[i]), a0);
+                a1 = _mm256_fmadd_ps(p1, _mm256_set1_ps(d1 * x.d[i + 1]), a1);
+                if K == 1 {
+                    off +=
+                        f16_at(w, i * bb + 2) * x.s[i] + f16_at(w, (i + 1) * bb + 2) * x.s[i + 1];
+                } else if K == 0 {
+                    off -= 8.0 * (d0 * x.s[i] + d1 * x.s[i + 1]);
+                }
+                i += 2;
+            }
+            if i < nb {
+                let d0 = f16_at(w, i * bb);
+                let p0 = block::<K>(wp.add(i * bb), xp.add(i * QK));
+                a0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(d0 * x.d[i]), a0);
+                if K == 1 {
+                    off += f16_at(w, i * bb + 2) * x.s[i];
+                } else if K == 0 {
+                    off -= 8.0 * d0 * x.s[i];
+                }
+            }
+            let acc = _mm256_add_ps(a0, a1);
             let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));

@@ -73,6 +73,10 @@ impl SparseJob<'_> {
         for rb in (0..rows).step_by(ROW_BLOCK) {
             let re = (rb + ROW_BLOCK).min(rows);
             for (p, &i) in neurons.iter().enumerate() {
+                if let Some(&a) = neurons.get(p + crate::cpu::PREFETCH_AHEAD) {
+                    let a = a as usize;
+                    crate::cpu::prefetch(&w[a * stride..(a + 1) * stride]);
+                }
                 let i = i as usize;
                 let b = &w[i * stride..(i + 1) * stride];
                 let up_at = if spec.gated { rg } else { 0 };
@@ -145,7 +149,7 @@ impl SparseJob<'_> {
         };
         let down_off = stride - h;
         let up_off = if spec.gated { h } else { 0 };
-        let plain = !set.gate_known && !set.up_known;
+        let plain = !set.has_known();
         for rb in (0..rows).step_by(ROW_BLOCK) {
             let re = (rb + ROW_BLOCK).min(rows);
             // Groups of four neurons: the accumulator row is read and written once per group.

@@ -37,8 +37,9 @@ pub enum FfnMode {
     DenseF32,
     /// `powerinfer::HybridFfn`.
     Hybrid {
-        /// Storage dtype of the neuron-major weights.
-        storage: WeightDType,
+        /// Storage of the neuron-major weights. `None`: as the file stores them (GGUF Q4_0, Q4_1
+        /// and Q8_0 blocks kept byte for byte, down rows re-quantized to Q8_0; other files f16).
+        storage: Option<WeightDType>,
         /// The predictor.
         predictor: PredictorChoice,
         /// Threads, SIMD tier, prefill policy.
@@ -47,18 +48,23 @@ pub enum FfnMode {
 }
 
 impl FfnMode {
-    /// The hybrid FFN with `GateFirst` at `threshold`, f16 storage, default options.
+    /// The hybrid FFN with `GateFirst` at `threshold`, native storage, default options.
     pub fn gate_first(threshold: f32) -> Self {
         FfnMode::Hybrid {
-            storage: WeightDType::F16,
+            storage: None,
             predictor: PredictorChoice::GateFirst { threshold },
             options: HybridOptions::default(),
         }
     }
 }
 
-/// The hybrid FFN of layer `layer` from its `[gate, up, down]` weights (`[out, in]`).
-fn hybrid_ffn(cfg: &LlamaConfig, mode: &FfnMode, layer: usize, w: [Tensor; 3]) -> Result<Ffn> {
+/// The hybrid FFN of layer `layer`: `bundles` builds its weights in the storage asked for.
+fn hybrid_ffn(
+    cfg: &LlamaConfig,
+    mode: &FfnMode,
+    layer: usize,
+    bundles: impl FnOnce(FfnSpec, Option<WeightDType>) -> Result<NeuronBundles>,
+) -> Result<Ffn> {
     let FfnMode::Hybrid {
         storage,
         predictor,
@@ -72,17 +78,25 @@ fn hybrid_ffn(cfg: &LlamaConfig, mode: &FfnMode, layer: usize, w: [Tensor; 3]) -
         .into());
     };
     let spec = FfnSpec::new(cfg.hidden, cfg.intermediate, cfg.activation, true)?;
-    let [g, u, d] = w;
-    let bundles = NeuronBundles::from_weights(spec, FfnWeights::gated(&g, &u, &d), *storage)?;
     let opts = HybridOptions {
         layer: Some(layer),
         ..options.clone()
     };
-    let ffn = HybridFfn::new(bundles, opts)?;
+    let ffn = HybridFfn::new(bundles(spec, *storage)?, opts)?;
     Ok(Ffn::Hybrid(match predictor {
         PredictorChoice::All => ffn.with_predictor(All),
         PredictorChoice::GateFirst { threshold } => ffn.with_predictor(GateFirst::new(*threshold)?),
     }))
+}
+
+/// Neuron-major bundles from `[out, in]` float tensors.
+fn float_bundles(spec: FfnSpec, storage: WeightDType, w: [Tensor; 3]) -> Result<NeuronBundles> {
+    let [g, u, d] = w;
+    Ok(NeuronBundles::from_weights(
+        spec,
+        FfnWeights::gated(&g, &u, &d),
+        storage,
+    )?)
 }
 
 /// A GGUF file opened for reading: its metadata and where it lives.
@@ -197,14 +211,22 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
                     act: cfg.activation,
                 })
             }
-            FfnMode::Hybrid { .. } => {
-                let w = [
-                    deq(gguf, "ffn_gate")?,
-                    deq(gguf, "ffn_up")?,
-                    deq(gguf, "ffn_down")?,
-                ];
-                hybrid_ffn(&cfg, mode, l, w)?
-            }
+            FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| match storage {
+                None => {
+                    let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
+                    let (gate, up) = (t(gguf, "ffn_gate")?, t(gguf, "ffn_up")?);
+                    let down = t(gguf, "ffn_down")?;
+                    Ok(NeuronBundles::from_qtensors(spec, Some(&gate), &up, &down)?)
+                }
+                Some(s) => {
+                    let w = [
+                        deq(gguf, "ffn_gate")?,
+                        deq(gguf, "ffn_up")?,
+                        deq(gguf, "ffn_down")?,
+                    ];
+                    float_bundles(spec, s, w)
+                }
+            })?,
         };
         layers.push(Layer {
             attn_norm: norm(deq(gguf, "attn_norm")?, cfg.rms_eps),
@@ -299,10 +321,11 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
                 down: lin(&format!("{mlp}.down_proj"), false)?,
                 act: cfg.activation,
             }),
-            FfnMode::Hybrid { .. } => {
+            FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| {
                 let w = |n: &str| get(&format!("{mlp}.{n}_proj.weight"));
-                hybrid_ffn(&cfg, mode, l, [w("gate")?, w("up")?, w("down")?])?
-            }
+                let storage = storage.unwrap_or(WeightDType::F16);
+                float_bundles(spec, storage, [w("gate")?, w("up")?, w("down")?])
+            })?,
         };
         layers.push(Layer {
             attn_norm: norm(get(&format!("{p}.input_layernorm.weight"))?, cfg.rms_eps),

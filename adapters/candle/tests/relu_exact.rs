@@ -13,7 +13,7 @@ fn gate_first_at_zero_equals_dense_on_relu_llama() {
     write_model(&dir, &tensors(), &config_json("relu", 256));
     let mut dense = load_safetensors(&dir, &FfnMode::Dense).unwrap();
     let mode = FfnMode::Hybrid {
-        storage: WeightDType::F32,
+        storage: Some(WeightDType::F32),
         predictor: PredictorChoice::GateFirst { threshold: 0.0 },
         options: HybridOptions {
             threads: 2,

@@ -13,8 +13,8 @@ use crate::ModelArgs;
 /// The sparse mode, checked.
 #[derive(Debug, Clone)]
 pub struct SparseSettings {
-    /// Storage dtype of the neuron-major weights.
-    pub storage: WeightDType,
+    /// Storage of the neuron-major weights (`None`: as the file stores them).
+    pub storage: Option<WeightDType>,
     /// Target sparsity (used when `threshold` is `None`).
     pub sparsity: f64,
     /// A fixed threshold for every layer.
@@ -29,10 +29,14 @@ impl SparseSettings {
     /// Checks the raw flags.
     pub fn from_args(a: &ModelArgs) -> Result<Self> {
         let storage = match a.storage.as_str() {
-            "f32" => WeightDType::F32,
-            "f16" => WeightDType::F16,
-            "bf16" => WeightDType::BF16,
-            s => bail!("--storage {s}: expected f32, f16 or bf16"),
+            "native" => None,
+            "f32" => Some(WeightDType::F32),
+            "f16" => Some(WeightDType::F16),
+            "bf16" => Some(WeightDType::BF16),
+            "q4_0" => Some(WeightDType::Q4_0),
+            "q4_1" => Some(WeightDType::Q4_1),
+            "q8_0" => Some(WeightDType::Q8_0),
+            s => bail!("--storage {s}: expected native, f32, f16, bf16, q4_0, q4_1 or q8_0"),
         };
         if !(0.0..1.0).contains(&a.sparsity) {
             bail!("--sparsity {}: expected a value in [0, 1)", a.sparsity);

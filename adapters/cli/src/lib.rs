@@ -57,8 +57,9 @@ pub struct ModelArgs {
     /// Calibration tokens for the thresholds.
     #[arg(long, default_value_t = 4096)]
     pub calibration_tokens: usize,
-    /// Storage of the sparse FFN weights: f32, f16 or bf16.
-    #[arg(long, default_value = "f16")]
+    /// Storage of the sparse FFN weights: native (GGUF blocks kept as in the file; safetensors:
+    /// f16), f32, f16, bf16, q4_0, q4_1 or q8_0.
+    #[arg(long, default_value = "native")]
     pub storage: String,
     /// CPU threads of the sparse FFN (default: all cores).
     #[arg(long)]
