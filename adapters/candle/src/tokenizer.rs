@@ -24,9 +24,35 @@ fn tok_err(e: impl std::fmt::Display) -> crate::error::Error {
 }
 
 impl TextTokenizer {
-    /// From GGUF metadata (`tokenizer.ggml.*`).
+    /// From GGUF metadata (`tokenizer.ggml.*`): vocabulary, merges and special tokens through
+    /// candle's `TokenizerFromGguf`, then the pre-tokenizer llama.cpp uses for the file's
+    /// `tokenizer.ggml.pre` where candle's differs: GPT-2-style files (`gpt2`, `smollm`, and
+    /// unknown types) split without inserting a leading space, and `smollm` splits digits one by
+    /// one, as SmolLM's own `tokenizer.json` does. Without this, encoding adds a space before the
+    /// first word and decoding does not give the text back.
     pub fn from_gguf(ct: &gguf_file::Content) -> Result<Self> {
-        let inner = Tokenizer::from_gguf(ct).map_err(tok_err)?;
+        let mut inner = Tokenizer::from_gguf(ct).map_err(tok_err)?;
+        let pre = ct
+            .metadata
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.to_string().ok())
+            .map(|s| s.to_lowercase())
+            .unwrap_or_default();
+        if !matches!(pre.as_str(), "qwen2" | "smaug-bpe" | "lfm2" | "llama3") {
+            use tokenizers::pre_tokenizers::{
+                byte_level::ByteLevel, digits::Digits, sequence::Sequence, PreTokenizerWrapper,
+            };
+            let byte_level = ByteLevel::new(false, true, true);
+            let pt: PreTokenizerWrapper = if pre == "smollm" {
+                Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
+            } else {
+                byte_level.into()
+            };
+            inner.with_pre_tokenizer(Some(pt));
+            inner.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::new(
+                false, true, true,
+            )));
+        }
         let id = |k: &str| ct.metadata.get(k).and_then(|v| v.to_u32().ok());
         let mut eos: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
         // Chat models end turns with `<|im_end|>` too.
