@@ -35,6 +35,7 @@ mod cpu;
 mod error;
 mod ffn;
 mod hybrid;
+mod linear;
 mod place;
 mod predict;
 mod profile;
@@ -47,6 +48,7 @@ pub use cpu::{
 pub use error::{Error, ErrorKind, Result};
 pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 pub use hybrid::{HybridFfn, HybridOptions, PrefillPolicy};
+pub use linear::QLinear;
 pub use place::{plan_placement, LayerPlacement, Placement};
 pub use predict::{ActiveSet, All, GateFirst, LowRank, Oracle, PredictInput, Predictor};
 pub use profile::ActivationStats;

@@ -44,6 +44,10 @@ pub enum FfnMode {
         predictor: PredictorChoice,
         /// Threads, SIMD tier, prefill policy.
         options: HybridOptions,
+        /// Also run the attention projections through powerinfer's quantized kernels
+        /// (`QLinear`, GGUF Q4_0 / Q4_1 / Q8_0) instead of candle's matmul, which has no SIMD path
+        /// for some block types (Q4_1 among them).
+        powerinfer_linears: bool,
     },
 }
 
@@ -54,6 +58,7 @@ impl FfnMode {
             storage: None,
             predictor: PredictorChoice::GateFirst { threshold },
             options: HybridOptions::default(),
+            powerinfer_linears: true,
         }
     }
 }
@@ -69,6 +74,7 @@ fn hybrid_ffn(
         storage,
         predictor,
         options,
+        ..
     } = mode
     else {
         return Err(powerinfer::Error::from(powerinfer::ErrorKind::Config {
@@ -133,8 +139,9 @@ impl GgufFile {
         })
     }
 
-    /// A linear layer `{name}.weight` (kept quantized) with `{name}.bias` if present.
-    pub fn linear(&mut self, name: &str) -> Result<Linear> {
+    /// A linear layer `{name}.weight` (kept quantized) with `{name}.bias` if present: powerinfer's
+    /// `QLinear` on `threads` threads when given and the block type allows, else candle's matmul.
+    pub fn linear(&mut self, name: &str, powerinfer_threads: Option<usize>) -> Result<Linear> {
         let w = self.tensor(&format!("{name}.weight"))?;
         let bias = format!("{name}.bias");
         let b = if self.content.tensor_infos.contains_key(&bias) {
@@ -142,6 +149,11 @@ impl GgufFile {
         } else {
             None
         };
+        if let Some(t) = powerinfer_threads {
+            if let Ok(l) = powerinfer::QLinear::new(&w, b.as_ref(), t) {
+                return Ok(Linear::Powerinfer(std::sync::Arc::new(l)));
+            }
+        }
         qlinear(w, b)
     }
 
@@ -162,7 +174,7 @@ impl GgufFile {
 }
 
 fn qlinear(q: candle_core::quantized::QTensor, b: Option<Tensor>) -> Result<Linear> {
-    Ok(Linear {
+    Ok(Linear::Candle {
         w: QMatMul::from_qtensor(q)?,
         b,
     })
@@ -186,20 +198,28 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     let mut layers = Vec::with_capacity(cfg.layers);
     for l in 0..cfg.layers {
         let p = format!("blk.{l}");
-        let lin = |g: &mut GgufFile, n: &str| g.linear(&format!("{p}.{n}"));
+        let ours = match mode {
+            FfnMode::Hybrid {
+                powerinfer_linears: true,
+                options,
+                ..
+            } => Some(options.threads),
+            _ => None,
+        };
+        let lin = |g: &mut GgufFile, n: &str| g.linear(&format!("{p}.{n}"), ours);
         let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
         let (q, k) = (lin(gguf, "attn_q")?, lin(gguf, "attn_k")?);
         let (v, o) = (lin(gguf, "attn_v")?, lin(gguf, "attn_output")?);
         let ffn = match mode {
             FfnMode::Dense => Ffn::Dense(DenseFfn {
-                gate: lin(gguf, "ffn_gate")?,
-                up: lin(gguf, "ffn_up")?,
-                down: lin(gguf, "ffn_down")?,
+                gate: gguf.linear(&format!("{p}.ffn_gate"), None)?,
+                up: gguf.linear(&format!("{p}.ffn_up"), None)?,
+                down: gguf.linear(&format!("{p}.ffn_down"), None)?,
                 act: cfg.activation,
             }),
             FfnMode::DenseF32 => {
                 let f = |g: &mut GgufFile, n: &str| -> Result<Linear> {
-                    Ok(Linear {
+                    Ok(Linear::Candle {
                         w: QMatMul::Tensor(deq(g, n)?),
                         b: None,
                     })
@@ -303,7 +323,7 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
         } else {
             None
         };
-        Ok(Linear {
+        Ok(Linear::Candle {
             w: QMatMul::Tensor(w),
             b,
         })
@@ -352,7 +372,7 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
         embed,
         layers,
         norm(norm_w, 0.0),
-        Linear {
+        Linear::Candle {
             w: QMatMul::Tensor(lm_head),
             b: None,
         },

@@ -15,19 +15,32 @@ use powerinfer::{Activation, HybridFfn};
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
 
-/// A linear layer: weights quantized (GGUF) or dense (safetensors), optional bias.
+/// A linear layer: candle's `QMatMul` (quantized GGUF or dense safetensors weights, optional
+/// bias), or powerinfer's `QLinear` on GGUF Q4_0 / Q4_1 / Q8_0 blocks.
 #[derive(Debug, Clone)]
-pub struct Linear {
-    pub(crate) w: QMatMul,
-    pub(crate) b: Option<Tensor>,
+pub enum Linear {
+    /// candle's matmul.
+    Candle {
+        /// Weights.
+        w: QMatMul,
+        /// Optional bias.
+        b: Option<Tensor>,
+    },
+    /// powerinfer's integer kernels (bias inside).
+    Powerinfer(std::sync::Arc<powerinfer::QLinear>),
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = self.w.forward(x)?;
-        match &self.b {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
+        match self {
+            Linear::Candle { w, b } => {
+                let y = w.forward(x)?;
+                match b {
+                    Some(b) => y.broadcast_add(b),
+                    None => Ok(y),
+                }
+            }
+            Linear::Powerinfer(l) => l.forward(x),
         }
     }
 }

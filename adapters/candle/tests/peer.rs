@@ -107,6 +107,7 @@ fn hybrid_all_neurons_matches_dense_f32() {
         storage: Some(WeightDType::F32),
         predictor: PredictorChoice::All,
         options: Default::default(),
+        powerinfer_linears: false,
     };
     let (mut hybrid, _) = open(&path, &mode).unwrap();
     let a: Vec<f32> = dense.forward(&PROMPT, 0).unwrap().to_vec1().unwrap();
@@ -160,11 +161,15 @@ fn hybrid_native_q4_1_perplexity_matches_dense() {
     };
     let exact = ppl(&FfnMode::DenseF32);
     let candle = ppl(&FfnMode::Dense);
-    let ours = ppl(&FfnMode::Hybrid {
+    let hybrid = |powerinfer_linears| FfnMode::Hybrid {
         storage: None,
         predictor: PredictorChoice::All,
         options: Default::default(),
-    });
+        powerinfer_linears,
+    };
+    let ours = ppl(&hybrid(false));
+    // Attention projections through powerinfer's QLinear as well.
+    let ours_linears = ppl(&hybrid(true));
     eprintln!(
         "perplexity: f32 weights {exact:.4}, candle Q4_1 {candle:.4}, ours Q4_1/Q8_0 {ours:.4}"
     );
@@ -174,4 +179,10 @@ fn hybrid_native_q4_1_perplexity_matches_dense() {
         "candle's own quantization off by {dc:.4}: the reference changed"
     );
     assert!(dour < 0.02, "ours off by {dour:.4} (candle by {dc:.4})");
+    let dl = (ours_linears / exact - 1.0).abs();
+    eprintln!("with powerinfer attention linears: {ours_linears:.4}");
+    assert!(
+        dl < 0.02,
+        "ours with QLinear attention off by {dl:.4} (candle by {dc:.4})"
+    );
 }

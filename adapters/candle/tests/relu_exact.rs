@@ -19,6 +19,7 @@ fn gate_first_at_zero_equals_dense_on_relu_llama() {
             threads: 2,
             ..Default::default()
         },
+        powerinfer_linears: false,
     };
     let mut sparse = load_safetensors(&dir, &mode).unwrap();
     let prompt = [3u32, 17, 42, 5, 9];

@@ -26,6 +26,13 @@ fn gguf_tokenizer_round_trips_speeches() {
     }
     // SmolLM splits numbers digit by digit and inserts no leading space.
     let ids = tok.encode("In 2021 the Union").unwrap();
-    let pieces: Vec<String> = ids.iter().map(|&i| tok.inner.id_to_token(i).unwrap()).collect();
-    assert_eq!(pieces, ["In", "Ġ", "2", "0", "2", "1", "Ġthe", "ĠUnion"], "{pieces:?}");
+    let pieces: Vec<String> = ids
+        .iter()
+        .map(|&i| tok.inner.id_to_token(i).unwrap())
+        .collect();
+    assert_eq!(
+        pieces,
+        ["In", "Ġ", "2", "0", "2", "1", "Ġthe", "ĠUnion"],
+        "{pieces:?}"
+    );
 }

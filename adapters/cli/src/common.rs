@@ -23,6 +23,8 @@ pub struct SparseSettings {
     pub calibration_tokens: usize,
     /// Threads of the sparse FFN.
     pub threads: usize,
+    /// Attention projections through powerinfer's `QLinear` in the sparse mode.
+    pub powerinfer_linears: bool,
 }
 
 impl SparseSettings {
@@ -60,6 +62,7 @@ impl SparseSettings {
             threshold: a.threshold,
             calibration_tokens: a.calibration_tokens,
             threads,
+            powerinfer_linears: !a.candle_linears,
         })
     }
 
@@ -72,6 +75,7 @@ impl SparseSettings {
                 threads: self.threads,
                 ..Default::default()
             },
+            powerinfer_linears: self.powerinfer_linears,
         }
     }
 }

@@ -64,6 +64,10 @@ pub struct ModelArgs {
     /// CPU threads of the sparse FFN (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// In the sparse mode, keep candle's matmul for the attention projections (by default they
+    /// run through powerinfer's quantized kernels too).
+    #[arg(long)]
+    pub candle_linears: bool,
 }
 
 /// `demo` flags.
