@@ -157,11 +157,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let sparse_ms = time_ms(iters, || ffn.forward_f32(&xs, 1, &mut out).unwrap());
                 let gbps = k as f64 * bundle_bytes / (sparse_ms * 1e-3) / 1e9;
                 let ratio = dense_ms / sparse_ms;
-                let dt = match dtype {
-                    WeightDType::F32 => "f32",
-                    WeightDType::F16 => "f16",
-                    WeightDType::BF16 => "bf16",
-                };
+                let dt = format!("{dtype:?}").to_lowercase();
                 println!(
                     "{shape:<12} {dt:<5} {:>5.0}% {t:>7} {dense_ms:>10.3} {sparse_ms:>10.3} {ratio:>6.2}x {gbps:>7.1} {:>5.0}%",
                     frac * 100.0,

@@ -224,11 +224,21 @@ impl HybridFfn {
 
     /// Starts counting per-neuron activity (`|h| > threshold`) from the next call.
     pub fn enable_stats(&self, threshold: f32) {
-        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        *s = Some(ActivationStats::new(
+        self.start_stats(ActivationStats::new(
             self.bundles.spec().intermediate,
             threshold,
         ));
+    }
+
+    /// Like [`HybridFfn::enable_stats`], also recording the `|h|` distribution for
+    /// [`ActivationStats::threshold_for_sparsity`] (calibration; costs a logarithm per value).
+    pub fn enable_stats_with_magnitudes(&self, threshold: f32) {
+        let n = self.bundles.spec().intermediate;
+        self.start_stats(ActivationStats::with_magnitudes(n, threshold));
+    }
+
+    fn start_stats(&self, stats: ActivationStats) {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
         self.stats_on.store(true, Ordering::Relaxed);
     }
 
@@ -263,7 +273,7 @@ impl HybridFfn {
         self.pool.threads()
     }
 
-    /// Neurons computed by the last call (the union over its rows).
+    /// Neurons whose down row the last call used: nonzero contribution in at least one row.
     pub fn last_active(&self) -> usize {
         self.last_active.load(Ordering::Relaxed)
     }
@@ -388,7 +398,13 @@ impl HybridFfn {
             pool: &self.pool,
             xq: &s.xq,
         };
-        if dense {
+        // A threshold predictor runs inline in the tiers' pass (same output, one pass).
+        let rule = if dense {
+            None
+        } else {
+            self.predictor.inline_threshold()
+        };
+        if dense || rule.is_some() {
             All.predict(&input, &mut s.set)?;
         } else {
             self.predictor
@@ -396,8 +412,6 @@ impl HybridFfn {
                 .map_err(|e| self.in_layer(e))?;
         }
         s.set.finish();
-        self.last_active
-            .store(s.set.union().len(), Ordering::Relaxed);
         self.placement.split(s.set.union(), &mut s.hot, &mut s.cold);
 
         match &self.bundles.down_bias {
@@ -415,7 +429,10 @@ impl HybridFfn {
             rows,
             set: &s.set,
             xq: &s.xq,
+            rule,
         };
+        // Neurons whose contribution was used (nonzero in some row, so their down row was read).
+        let mut used = 0usize;
         let record = self.stats_on.load(Ordering::Relaxed);
         let mut stats = record.then(|| self.stats.lock().unwrap_or_else(|e| e.into_inner()));
         // Fast tier first, then the CPU tier: a fixed merge order keeps results bit-identical.
@@ -428,6 +445,10 @@ impl HybridFfn {
                 for (o, a) in out.iter_mut().zip(&st.acc) {
                     *o += a;
                 }
+                used +=
+                    st.h.chunks(rows)
+                        .filter(|h| h.iter().any(|&v| v != 0.0))
+                        .count();
                 if let Some(Some(stats)) = stats.as_deref_mut() {
                     stats.record(&list[share(list.len(), t, threads)], &st.h, rows);
                 }
@@ -436,6 +457,7 @@ impl HybridFfn {
         if let Some(Some(stats)) = stats.as_deref_mut() {
             stats.tokens += rows as u64;
         }
+        self.last_active.store(used, Ordering::Relaxed);
         Ok(())
     }
 

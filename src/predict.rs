@@ -187,6 +187,15 @@ pub trait Predictor: Send + Sync + fmt::Debug {
     fn weight_bytes(&self) -> usize {
         0
     }
+
+    /// `Some(t)` when this predictor is exactly "keep neuron `i` for a row when its activation
+    /// passes `t`" (`act(gate) > t` for ReLU/dReLU, `|h| > t` otherwise). The FFN then applies
+    /// the rule inline, in its one pass over the weights: it computes gate (and up) of every
+    /// neuron and reads the down row only of neurons that pass, instead of running
+    /// [`Predictor::predict`] as a separate pass. Both give the same output.
+    fn inline_threshold(&self) -> Option<f32> {
+        None
+    }
 }
 
 /// Every neuron, every row: the dense FFN through the sparse kernels.
@@ -339,6 +348,10 @@ fn all_neurons<const K: usize>(
 }
 
 impl Predictor for GateFirst {
+    fn inline_threshold(&self) -> Option<f32> {
+        Some(self.threshold)
+    }
+
     fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
         let b = input.bundles;
         let spec = *b.spec();

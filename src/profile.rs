@@ -21,7 +21,8 @@ pub struct ActivationStats {
     pub tokens: u64,
     /// `counts[i]`: rows where neuron `i` was computed and active.
     pub counts: Vec<u64>,
-    /// Log-scale histogram of `|h|` over computed (row, neuron) pairs.
+    /// Log-scale histogram of `|h|` over computed (row, neuron) pairs (empty unless asked for:
+    /// it costs a logarithm per pair).
     hist: Vec<u64>,
 }
 
@@ -43,13 +44,21 @@ fn edge(b: usize) -> f32 {
 }
 
 impl ActivationStats {
-    /// Empty statistics for `intermediate` neurons.
+    /// Empty per-neuron counts for `intermediate` neurons.
     pub fn new(intermediate: usize, threshold: f32) -> Self {
         ActivationStats {
             threshold,
             tokens: 0,
             counts: vec![0; intermediate],
+            hist: Vec::new(),
+        }
+    }
+
+    /// Counts plus the `|h|` histogram that [`ActivationStats::threshold_for_sparsity`] reads.
+    pub fn with_magnitudes(intermediate: usize, threshold: f32) -> Self {
+        ActivationStats {
             hist: vec![0; BINS],
+            ..Self::new(intermediate, threshold)
         }
     }
 
@@ -61,7 +70,8 @@ impl ActivationStats {
 
     /// The `|h|` threshold below which a fraction `sparsity` of the recorded (row, neuron) pairs
     /// fall: thresholding `|h| > t` then drops about that fraction. Resolution is 1/16 octave
-    /// (4.4%) of `|h|`; `None` before anything was recorded or for `sparsity` outside `[0, 1)`.
+    /// (4.4%) of `|h|`; `None` before anything was recorded, without magnitudes, or for `sparsity`
+    /// outside `[0, 1)`.
     pub fn threshold_for_sparsity(&self, sparsity: f64) -> Option<f32> {
         let total: u64 = self.hist.iter().sum();
         if total == 0 || !(0.0..1.0).contains(&sparsity) {
@@ -84,7 +94,9 @@ impl ActivationStats {
             let mut active = 0;
             for &v in &h[p * rows..(p + 1) * rows] {
                 active += u64::from(v.abs() > self.threshold);
-                self.hist[bin(v)] += 1;
+                if let Some(b) = self.hist.get_mut(bin(v)) {
+                    *b += 1;
+                }
             }
             self.counts[i as usize] += active;
         }

@@ -326,3 +326,52 @@ fn deterministic_across_runs() {
         }
     }
 }
+
+/// `GateFirst` run as a separate predictor pass (what any `Predictor` gets) against the same
+/// threshold applied inline by the FFN (what `inline_threshold` enables): same kept neurons,
+/// same output.
+#[derive(Debug)]
+struct TwoPass(GateFirst);
+
+impl powerinfer::Predictor for TwoPass {
+    fn predict(
+        &self,
+        input: &powerinfer::PredictInput<'_>,
+        set: &mut powerinfer::ActiveSet,
+    ) -> powerinfer::Result<()> {
+        self.0.predict(input, set)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #[test]
+    fn inline_threshold_equals_two_pass(
+        c in case(),
+        blocks in 1usize..4,
+        t in 0.0f32..0.3,
+        d in 0usize..6,
+    ) {
+        let dtype = [WeightDType::F32, WeightDType::F16, WeightDType::BF16, WeightDType::Q4_0, WeightDType::Q4_1, WeightDType::Q8_0][d];
+        let c = Case { hidden: 32 * blocks, ..c };
+        let spec = FfnSpec::new(c.hidden, c.inter, c.act, c.gated).unwrap();
+        let w = Weights::random(&spec, c.seed);
+        let b = build(&c);
+        let make = || {
+            HybridFfn::new(
+                NeuronBundles::from_weights(spec, w.view(), dtype).unwrap(),
+                HybridOptions { threads: c.threads, cpu_tier: Some(c.tier), ..Default::default() },
+            )
+            .unwrap()
+            .with_placement(b.ffn.placement().clone())
+            .unwrap()
+        };
+        let inline = make().with_predictor(GateFirst::new(t).unwrap());
+        let two = make().with_predictor(TwoPass(GateFirst::new(t).unwrap()));
+        let x = b.x.to_dtype(DType::F32).unwrap();
+        let (y1, y2) = (inline.forward(&x).unwrap(), two.forward(&x).unwrap());
+        prop_assert_eq!(inline.last_active(), two.last_active());
+        let e = rel_err(&y1, &y2);
+        prop_assert!(e <= 1e-5, "{dtype:?} t={t}: rel err {e}");
+    }
+}

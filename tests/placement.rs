@@ -82,7 +82,7 @@ fn threshold_for_sparsity_hits_the_target() {
     let w = Weights::random(&spec, 21);
     let ffn = HybridFfn::from_weights(spec, w.view(), WeightDType::F32, HybridOptions::default())
         .unwrap();
-    ffn.enable_stats(0.0);
+    ffn.enable_stats_with_magnitudes(0.0);
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(8);
     let x = tensor(&mut rng, &[32, 64], 1.0);
     ffn.forward(&x).unwrap();

@@ -36,6 +36,39 @@ pub(crate) struct SparseJob<'a> {
     pub set: &'a ActiveSet,
     /// The input rows quantized to 8 bits (filled only for quantized storage).
     pub xq: &'a [QuantizedRow],
+    /// A predictor's threshold applied inline (see `Predictor::inline_threshold`).
+    pub rule: Option<f32>,
+}
+
+impl SparseJob<'_> {
+    /// `h` after the inline rule: `act(g)` must exceed `t` for exact-zero activations (checked
+    /// before `up` is computed, see `gate_passes`), `|h|` must exceed `t` otherwise.
+    #[inline(always)]
+    fn keep(&self, h: f32) -> f32 {
+        let spec = self.bundles.spec();
+        let pass = match self.rule {
+            None => true,
+            // Gated: the gate already passed in `gate_passes`. Ungated: h = act(up) itself.
+            Some(t) if spec.activation.exact_zeros() => spec.gated || h > t,
+            Some(t) => h.abs() > t,
+        };
+        if pass {
+            h
+        } else {
+            0.0
+        }
+    }
+
+    /// For exact-zero gated activations under an inline rule: whether the gate value passes, so
+    /// the up row is read at all.
+    #[inline(always)]
+    fn gate_passes(&self, g: f32) -> bool {
+        let act = self.bundles.spec().activation;
+        match self.rule {
+            Some(t) if act.exact_zeros() => act.apply(g) > t,
+            _ => true,
+        }
+    }
 }
 
 impl SparseJob<'_> {
@@ -83,16 +116,23 @@ impl SparseJob<'_> {
                 for r in rb..re {
                     let v = if set.contains(r, i) {
                         let xq = &self.xq[r];
-                        let u = set.known_up(r, i).unwrap_or_else(|| {
-                            k.dot_q(kind, &b[up_at..up_at + rg], xq) + up_bias.map_or(0.0, |b| b[i])
-                        });
+                        let up = || {
+                            set.known_up(r, i).unwrap_or_else(|| {
+                                k.dot_q(kind, &b[up_at..up_at + rg], xq)
+                                    + up_bias.map_or(0.0, |b| b[i])
+                            })
+                        };
                         if spec.gated {
                             let g = set.known_gate(r, i).unwrap_or_else(|| {
                                 k.dot_q(kind, &b[..rg], xq) + gate_bias.map_or(0.0, |b| b[i])
                             });
-                            act.gated(g, u)
+                            if self.gate_passes(g) {
+                                self.keep(act.gated(g, up()))
+                            } else {
+                                0.0
+                            }
                         } else {
-                            act.ungated(u)
+                            self.keep(act.ungated(up()))
                         }
                     } else {
                         0.0
@@ -134,17 +174,22 @@ impl SparseJob<'_> {
             } else {
                 (None, &b[..h])
             };
-            let u = set
-                .known_up(r, i)
-                .unwrap_or_else(|| dot(up, xr) + up_bias.map_or(0.0, |b| b[i]));
+            let u = || {
+                set.known_up(r, i)
+                    .unwrap_or_else(|| dot(up, xr) + up_bias.map_or(0.0, |b| b[i]))
+            };
             match gate {
                 Some(g) => {
                     let gv = set
                         .known_gate(r, i)
                         .unwrap_or_else(|| dot(g, xr) + gate_bias.map_or(0.0, |b| b[i]));
-                    act.gated(gv, u)
+                    if self.gate_passes(gv) {
+                        self.keep(act.gated(gv, u()))
+                    } else {
+                        0.0
+                    }
                 }
-                None => act.ungated(u),
+                None => self.keep(act.ungated(u())),
             }
         };
         let down_off = stride - h;
@@ -170,12 +215,16 @@ impl SparseJob<'_> {
                         if spec.gated {
                             let gv = dot4(bundles.map(|b| &b[..h]), xr);
                             for k in 0..GROUP {
-                                hv[k] =
-                                    act.gated(gv[k] + bias(gate_bias, k), u[k] + bias(up_bias, k));
+                                let g = gv[k] + bias(gate_bias, k);
+                                hv[k] = if self.gate_passes(g) {
+                                    self.keep(act.gated(g, u[k] + bias(up_bias, k)))
+                                } else {
+                                    0.0
+                                };
                             }
                         } else {
                             for k in 0..GROUP {
-                                hv[k] = act.ungated(u[k] + bias(up_bias, k));
+                                hv[k] = self.keep(act.ungated(u[k] + bias(up_bias, k)));
                             }
                         }
                     } else {

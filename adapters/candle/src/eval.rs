@@ -11,7 +11,7 @@ impl Llama {
         self.layers
             .iter_mut()
             .map(|l| match &mut l.ffn {
-                Ffn::Hybrid(h) => Ok(h),
+                Ffn::Hybrid(h) => Ok(&mut **h),
                 Ffn::Dense(_) => Err(ErrorKind::Engine(powerinfer::Error::from(
                     powerinfer::ErrorKind::Config {
                         setting: "ffn".into(),
@@ -33,7 +33,7 @@ impl Llama {
     ) -> Result<Vec<f32>> {
         for h in self.hybrids()? {
             h.set_force_dense(true);
-            h.enable_stats(0.0);
+            h.enable_stats_with_magnitudes(0.0);
         }
         let run = self.run_chunks(tokens, chunk, |_, _| Ok(()));
         // Restore every layer before reporting a failed run.

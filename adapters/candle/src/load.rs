@@ -89,10 +89,10 @@ fn hybrid_ffn(
         ..options.clone()
     };
     let ffn = HybridFfn::new(bundles(spec, *storage)?, opts)?;
-    Ok(Ffn::Hybrid(match predictor {
+    Ok(Ffn::Hybrid(Box::new(match predictor {
         PredictorChoice::All => ffn.with_predictor(All),
         PredictorChoice::GateFirst { threshold } => ffn.with_predictor(GateFirst::new(*threshold)?),
-    }))
+    })))
 }
 
 /// Neuron-major bundles from `[out, in]` float tensors.
@@ -106,6 +106,7 @@ fn float_bundles(spec: FfnSpec, storage: WeightDType, w: [Tensor; 3]) -> Result<
 }
 
 /// A GGUF file opened for reading: its metadata and where it lives.
+#[derive(Debug)]
 pub struct GgufFile {
     /// Parsed header, metadata and tensor index.
     pub content: gguf_file::Content,

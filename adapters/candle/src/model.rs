@@ -73,7 +73,7 @@ pub enum Ffn {
     /// candle's dense FFN.
     Dense(DenseFfn),
     /// powerinfer's sparse FFN.
-    Hybrid(HybridFfn),
+    Hybrid(Box<HybridFfn>),
 }
 
 impl Module for Ffn {

@@ -10,6 +10,7 @@ use tokenizers::Tokenizer;
 use crate::error::{ErrorKind, Result};
 
 /// A tokenizer with the ids generation needs.
+#[derive(Debug)]
 pub struct TextTokenizer {
     /// The HF tokenizer.
     pub inner: Tokenizer,

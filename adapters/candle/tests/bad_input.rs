@@ -21,7 +21,7 @@ fn truncated_gguf_names_the_cut() {
     ] {
         let p = dir.join(name);
         std::fs::write(&p, &bytes[..len]).unwrap();
-        let e = GgufFile::open(&p).err().expect("must fail");
+        let e = GgufFile::open(&p).expect_err("must fail");
         assert!(matches!(e.kind(), ErrorKind::Format { .. }), "{name}: {e}");
         if name == "half.gguf" {
             assert!(e.to_string().contains("truncated"), "{e}");
@@ -48,7 +48,7 @@ fn unsupported_gguf_architecture() {
     )
     .unwrap();
     drop(f);
-    let e = open(&p, &FfnMode::Dense).err().expect("must fail");
+    let e = open(&p, &FfnMode::Dense).expect_err("must fail");
     assert!(
         matches!(e.kind(), ErrorKind::UnsupportedArchitecture { arch } if arch == "gpt2"),
         "{e}"
@@ -63,7 +63,7 @@ fn safetensors_missing_tensor_is_named() {
     t.remove("model.layers.1.mlp.up_proj.weight");
     write_model(&dir, &t, &config_json("silu", 256));
     for mode in [FfnMode::Dense, FfnMode::gate_first(0.0)] {
-        let e = load_safetensors(&dir, &mode).err().expect("must fail");
+        let e = load_safetensors(&dir, &mode).expect_err("must fail");
         assert!(
             matches!(e.kind(), ErrorKind::MissingTensor { name } if name == "model.layers.1.mlp.up_proj.weight"),
             "{e}"
@@ -76,9 +76,7 @@ fn safetensors_missing_tensor_is_named() {
 fn unknown_activation_is_named() {
     let dir = temp_dir("act");
     write_model(&dir, &tensors(), &config_json("swishy", 256));
-    let e = load_safetensors(&dir, &FfnMode::Dense)
-        .err()
-        .expect("must fail");
+    let e = load_safetensors(&dir, &FfnMode::Dense).expect_err("must fail");
     assert!(
         matches!(e.kind(), ErrorKind::UnknownActivation { name } if name == "swishy"),
         "{e}"
@@ -92,23 +90,19 @@ fn empty_and_overlong_prompts() {
     write_model(&dir, &tensors(), &config_json("silu", 16));
     let mut m = load_safetensors(&dir, &FfnMode::Dense).unwrap();
     let opts = GenerateOptions::default();
-    let e = generate(&mut m, &[], &opts, |_| Ok(()))
-        .err()
-        .expect("empty");
+    let e = generate(&mut m, &[], &opts, |_| Ok(())).expect_err("empty");
     assert!(
         matches!(e.kind(), ErrorKind::Prompt { .. }) && e.to_string().contains("empty"),
         "{e}"
     );
     let long: Vec<u32> = (0..20).collect();
-    let e = generate(&mut m, &long, &opts, |_| Ok(()))
-        .err()
-        .expect("too long");
+    let e = generate(&mut m, &long, &opts, |_| Ok(())).expect_err("too long");
     assert!(
         matches!(e.kind(), ErrorKind::Prompt { .. }) && e.to_string().contains("context"),
         "{e}"
     );
     // Token ids outside the vocabulary.
-    let e = m.forward(&[1, 999], 0).err().expect("bad id");
+    let e = m.forward(&[1, 999], 0).expect_err("bad id");
     assert!(e.to_string().contains("999"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
