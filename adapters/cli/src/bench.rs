@@ -38,6 +38,40 @@ fn argmax(logits: &candle_core::Tensor) -> Result<u32> {
     Ok(best.0 as u32)
 }
 
+/// The peer: candle-transformers' `quantized_llama` on the same GGUF file and prompt.
+fn measure_candle(
+    path: &std::path::Path,
+    prompt: &[u32],
+    decode: usize,
+    runs: usize,
+) -> Result<Row> {
+    use candle_transformers::models::quantized_llama::ModelWeights;
+    let dev = candle_core::Device::Cpu;
+    let mut f = std::fs::File::open(path)?;
+    let ct = candle_core::quantized::gguf_file::Content::read(&mut f)?;
+    let mut m = ModelWeights::from_gguf(ct, &mut f, &dev)?;
+    let (mut p, mut d) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let t = Instant::now();
+        let x = candle_core::Tensor::new(prompt, &dev)?.unsqueeze(0)?;
+        let logits = m.forward(&x, 0)?.squeeze(0)?;
+        p.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
+        let mut next = argmax(&logits)?;
+        let t = Instant::now();
+        for i in 0..decode {
+            let x = candle_core::Tensor::new(&[next], &dev)?.unsqueeze(0)?;
+            next = argmax(&m.forward(&x, prompt.len() + i)?.squeeze(0)?)?;
+        }
+        d.push(decode as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(Row {
+        mode: "candle",
+        prompt_tps: median(p),
+        decode_tps: median(d),
+        per_token: Timings::default(),
+    })
+}
+
 fn measure(
     model: &mut Llama,
     prompt: &[u32],
@@ -85,6 +119,12 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
             dense.model.config().context
         );
     }
+    let gguf = path.extension().is_some_and(|e| e == "gguf");
+    let peer = if gguf {
+        Some(measure_candle(&path, &prompt, a.decode_tokens, a.runs)?)
+    } else {
+        None
+    };
     let mut rows = vec![measure(
         &mut dense.model,
         &prompt,
@@ -128,6 +168,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         "{:<7} {:>12} {:>12} | per decoded token, ms: {:>9} {:>7} {:>8} {:>7}",
         "mode", "prompt tok/s", "decode tok/s", "attention", "ffn", "lm_head", "other"
     );
+    rows.extend(peer);
     for r in &rows {
         let t = &r.per_token;
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.calls.max(1) as f64;
@@ -159,5 +200,12 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         rows[2].decode_tps / rows[1].decode_tps,
         realized * 100.0
     );
+    if let Some(peer) = rows.get(3) {
+        println!(
+            "our dense model vs candle-transformers quantized_llama (same file, same run): decode {:.2}x, prompt {:.2}x (no per-component times for the peer)",
+            rows[0].decode_tps / peer.decode_tps,
+            rows[0].prompt_tps / peer.prompt_tps
+        );
+    }
     Ok(())
 }
