@@ -156,13 +156,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     sparse.model.enable_ffn_stats();
     sparse.model.clear_kv_cache();
     sparse.model.forward(&prompt, 0)?;
-    let realized: Vec<f64> = sparse
-        .model
-        .take_ffn_sparsity()
-        .into_iter()
-        .flatten()
-        .collect();
-    let realized = crate::common::mean(&realized);
+    let realized = crate::common::mean_sparsity(&mut sparse.model);
 
     println!(
         "{:<7} {:>12} {:>12} | per decoded token, ms: {:>9} {:>7} {:>8} {:>7}",

@@ -6,7 +6,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use powerinfer::{HybridOptions, WeightDType};
-use powerinfer_candle::{fetch, open, FfnMode, Llama, PredictorChoice, TextTokenizer};
+use powerinfer_candle::{
+    fetch, generate, open, FfnMode, GenerateOptions, Generation, Llama, PredictorChoice,
+    TextTokenizer,
+};
 
 use crate::ModelArgs;
 
@@ -181,4 +184,31 @@ pub(crate) fn chatml(user: &str) -> String {
 
 pub(crate) fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Generates from `prompt`, printing the text to stdout as tokens come.
+pub(crate) fn stream(m: &mut Loaded, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation> {
+    use std::io::Write;
+    let mut ids = Vec::new();
+    let mut printed = 0;
+    let tok = &m.tok;
+    let mut out = std::io::stdout().lock();
+    let g = generate(&mut m.model, prompt, opts, |t| {
+        ids.push(t);
+        let s = tok.decode(&ids)?;
+        if s.len() > printed && s.is_char_boundary(printed) {
+            let _ = write!(out, "{}", &s[printed..]);
+            let _ = out.flush();
+            printed = s.len();
+        }
+        Ok(())
+    })?;
+    writeln!(out)?;
+    Ok(g)
+}
+
+/// Mean realized FFN sparsity over the hybrid layers since `enable_ffn_stats`.
+pub(crate) fn mean_sparsity(model: &mut Llama) -> f64 {
+    let per_layer: Vec<f64> = model.take_ffn_sparsity().into_iter().flatten().collect();
+    mean(&per_layer)
 }

@@ -1,42 +1,21 @@
 //! `powerinfer demo`: the main job. Dense and sparse generation on the real model, side by side.
 
-use std::io::Write;
-
 use anyhow::Result;
-use powerinfer_candle::{generate, FfnMode, GenerateOptions, Generation};
+use powerinfer_candle::{FfnMode, GenerateOptions, Generation};
 
-use crate::common::{chatml, load, load_sparse, mean, model_path, Loaded, SparseSettings};
+use crate::common::{
+    chatml, load, load_sparse, mean_sparsity, model_path, stream, Loaded, SparseSettings,
+};
 use crate::DemoArgs;
 
-fn run_one(
-    m: &mut Loaded,
-    prompt: &[u32],
-    max_tokens: usize,
-    label: &str,
-) -> Result<(Generation, String)> {
+fn run_one(m: &mut Loaded, prompt: &[u32], max_tokens: usize, label: &str) -> Result<Generation> {
     let opts = GenerateOptions {
         max_tokens,
         eos: m.tok.eos.clone(),
         ..Default::default()
     };
     println!("--- {label} ---");
-    let mut ids = Vec::new();
-    let mut printed = 0;
-    let tok = &m.tok;
-    let mut out = std::io::stdout().lock();
-    let g = generate(&mut m.model, prompt, &opts, |t| {
-        ids.push(t);
-        let s = tok.decode(&ids)?;
-        if s.len() > printed && s.is_char_boundary(printed) {
-            let _ = write!(out, "{}", &s[printed..]);
-            let _ = out.flush();
-            printed = s.len();
-        }
-        Ok(())
-    })?;
-    writeln!(out)?;
-    let text = tok.decode(&g.tokens)?;
-    Ok((g, text))
+    stream(m, prompt, &opts)
 }
 
 pub(crate) fn run(a: &DemoArgs) -> Result<()> {
@@ -45,7 +24,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     let mut dense = load(&path, &FfnMode::Dense)?;
     let prompt = dense.tok.encode(&chatml(&a.prompt))?;
     println!("prompt: {}", a.prompt);
-    let (d, _) = run_one(&mut dense, &prompt, a.max_tokens, "dense FFN (candle)")?;
+    let d = run_one(&mut dense, &prompt, a.max_tokens, "dense FFN (candle)")?;
     drop(dense);
 
     let (mut sparse, thresholds) = load_sparse(&path, &settings)?;
@@ -57,13 +36,8 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
             settings.sparsity * 100.0
         ),
     };
-    let (s, _) = run_one(&mut sparse, &prompt, a.max_tokens, &label)?;
-    let realized: Vec<f64> = sparse
-        .model
-        .take_ffn_sparsity()
-        .into_iter()
-        .flatten()
-        .collect();
+    let s = run_one(&mut sparse, &prompt, a.max_tokens, &label)?;
+    let realized = mean_sparsity(&mut sparse.model);
 
     let same = d
         .tokens
@@ -89,7 +63,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
         s.tokens.len(),
         s.prompt_tps(),
         s.decode_tps(),
-        mean(&realized) * 100.0,
+        realized * 100.0,
         thresholds.iter().copied().fold(f32::INFINITY, f32::min),
         thresholds.iter().copied().fold(0.0, f32::max),
     );

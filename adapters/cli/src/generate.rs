@@ -3,9 +3,9 @@
 use std::io::Write;
 
 use anyhow::{bail, Result};
-use powerinfer_candle::{generate, FfnMode, GenerateOptions};
+use powerinfer_candle::{FfnMode, GenerateOptions};
 
-use crate::common::{chatml, load, load_sparse, model_path, SparseSettings};
+use crate::common::{chatml, load, load_sparse, model_path, stream, SparseSettings};
 use crate::GenerateArgs;
 
 pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
@@ -43,20 +43,8 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
     if a.chat {
         writeln!(out)?;
     }
-    let mut ids = Vec::new();
-    let mut printed = 0;
-    let tok = &m.tok;
-    let g = generate(&mut m.model, &prompt, &opts, |t| {
-        ids.push(t);
-        let s = tok.decode(&ids)?;
-        if s.len() > printed && s.is_char_boundary(printed) {
-            let _ = write!(out, "{}", &s[printed..]);
-            let _ = out.flush();
-            printed = s.len();
-        }
-        Ok(())
-    })?;
-    writeln!(out)?;
+    drop(out);
+    let g = stream(&mut m, &prompt, &opts)?;
     eprintln!(
         "{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s ({} FFN)",
         g.prompt_tokens,
