@@ -69,9 +69,7 @@ impl SparseJob<'_> {
             _ => true,
         }
     }
-}
 
-impl SparseJob<'_> {
     /// Computes the partial output of `neurons` into `states[t].acc` (zeroed first), one static
     /// share per pool thread. `states` must hold `pool.threads()` entries.
     pub fn run(&self, pool: &Pool, neurons: &[u32], states: &mut [ThreadScratch]) {
