@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Storage, Tensor};
 
 use crate::cpu::{Kernels, Pool, QuantKind, QuantizedRow};
 use crate::error::{Error, ErrorKind, Result};
@@ -136,9 +136,25 @@ impl Module for QLinear {
             .into());
         }
         let rows = xs.elem_count() / self.inp;
-        let x: Vec<f32> = xs.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         let mut y = vec![0f32; rows * self.out];
-        self.forward_f32(&x, rows, &mut y)?;
+        if xs.dtype() == DType::F32 && xs.is_contiguous() {
+            // Decode path: read the input in place (the output tensor is the only allocation).
+            let (storage, layout) = xs.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                return Err(candle_core::Error::Msg(
+                    "QLinear input is not on the CPU".into(),
+                ));
+            };
+            let o = layout.start_offset();
+            self.forward_f32(
+                &cpu.as_slice::<f32>()?[o..o + rows * self.inp],
+                rows,
+                &mut y,
+            )?;
+        } else {
+            let x: Vec<f32> = xs.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+            self.forward_f32(&x, rows, &mut y)?;
+        }
         let mut dims = xs.dims().to_vec();
         if let Some(l) = dims.last_mut() {
             *l = self.out;

@@ -62,3 +62,20 @@ fn qlinear_rejects_bad_input() {
     let x = Tensor::zeros((2, 63), DType::F32, &Device::Cpu).unwrap();
     assert!(lin.forward(&x).is_err());
 }
+
+/// Non-contiguous and f16 inputs take the copying path and agree with the in-place one.
+#[test]
+fn qlinear_input_layouts_agree() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let q = QTensor::quantize(&tensor(&mut rng, &[24, 64], 0.5), GgmlDType::Q4_1).unwrap();
+    let lin = QLinear::new(&q, None, 2).unwrap();
+    let xt = tensor(&mut rng, &[64, 3], 1.0);
+    let x = xt.t().unwrap(); // [3, 64], not contiguous
+    assert!(!x.is_contiguous());
+    let a = lin.forward(&x).unwrap();
+    let b = lin.forward(&x.contiguous().unwrap()).unwrap();
+    assert_eq!(bits(&a), bits(&b));
+    let h = lin.forward(&x.to_dtype(DType::F16).unwrap()).unwrap();
+    assert_eq!(h.dtype(), DType::F16);
+    assert!(rel_err(&h, &b) < 2e-2);
+}
