@@ -9,13 +9,13 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use candle_core::{DType, Device, Module, Storage, Tensor};
+use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
-use half::{bf16, f16};
 
 use crate::cpu::{share, CpuTier, Kernels, Pool, SparseJob, ThreadScratch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights, NeuronBundles, WeightDType};
+use crate::input::{check_rows, to_tensor, with_f32};
 use crate::place::LayerPlacement;
 use crate::predict::{ActiveSet, All, PredictInput, Predictor};
 use crate::profile::ActivationStats;
@@ -299,81 +299,20 @@ impl HybridFfn {
 
     /// The FFN on a tensor `[.., hidden]` (f32, f16 or bf16, CPU); same shape and dtype out.
     pub fn forward_tensor(&self, xs: &Tensor) -> Result<Tensor> {
-        let h = self.bundles.spec().hidden;
-        if !xs.device().is_cpu() {
-            return Err(ErrorKind::Device {
-                tensor: "input".into(),
-                got: format!("{:?}", xs.device()),
-            }
-            .into());
-        }
-        let dtype = xs.dtype();
-        WeightDType::from_candle(dtype, "input")?;
-        if xs.dims().last() != Some(&h) {
-            return Err(Error::shape("input", &[None, Some(h)], xs.dims()));
-        }
-        let rows = xs.elem_count() / h;
-        let len = rows * h;
+        let rows = check_rows(xs, self.bundles.spec().hidden, "input")?;
         if rows == 0 {
             return Ok(xs.clone());
         }
-        let xs = if xs.is_contiguous() {
-            xs.clone()
-        } else {
-            xs.contiguous()?
-        };
-        let mut out = vec![0f32; len];
-        {
-            let (storage, layout) = xs.storage_and_layout();
-            let Storage::Cpu(cpu) = &*storage else {
-                return Err(ErrorKind::Device {
-                    tensor: "input".into(),
-                    got: format!("{:?}", xs.device()),
-                }
-                .into());
-            };
-            let o = layout.start_offset();
-            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let mut xbuf = std::mem::take(&mut scratch.x);
-            let x: &[f32] = match dtype {
-                DType::F16 => {
-                    xbuf.clear();
-                    xbuf.extend(
-                        cpu.as_slice::<f16>()?[o..o + len]
-                            .iter()
-                            .map(|v| v.to_f32()),
-                    );
-                    &xbuf
-                }
-                DType::BF16 => {
-                    xbuf.clear();
-                    xbuf.extend(
-                        cpu.as_slice::<bf16>()?[o..o + len]
-                            .iter()
-                            .map(|v| v.to_f32()),
-                    );
-                    &xbuf
-                }
-                _ => &cpu.as_slice::<f32>()?[o..o + len],
-            };
-            let res = check_finite(x).and_then(|_| self.compute(&mut scratch, x, rows, &mut out));
-            scratch.x = xbuf;
-            res?;
-        }
-        let dims = xs.dims();
-        Ok(match dtype {
-            DType::F16 => Tensor::from_vec(
-                out.iter().map(|&v| f16::from_f32(v)).collect(),
-                dims,
-                &Device::Cpu,
-            )?,
-            DType::BF16 => Tensor::from_vec(
-                out.iter().map(|&v| bf16::from_f32(v)).collect(),
-                dims,
-                &Device::Cpu,
-            )?,
-            _ => Tensor::from_vec(out, dims, &Device::Cpu)?,
-        })
+        let mut out = vec![0f32; xs.elem_count()];
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut xbuf = std::mem::take(&mut scratch.x);
+        let res = with_f32(xs, &mut xbuf, |x| {
+            check_finite(x)?;
+            self.compute(&mut scratch, x, rows, &mut out)
+        });
+        scratch.x = xbuf;
+        res?;
+        to_tensor(out, xs.dims(), xs.dtype())
     }
 
     fn compute(&self, s: &mut Scratch, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {

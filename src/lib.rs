@@ -35,6 +35,7 @@ mod cpu;
 mod error;
 mod ffn;
 mod hybrid;
+mod input;
 mod linear;
 mod place;
 mod predict;

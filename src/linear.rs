@@ -8,10 +8,11 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Device, Module, Storage, Tensor};
+use candle_core::{DType, Module, Tensor};
 
 use crate::cpu::{Kernels, Pool, QuantKind, QuantizedRow};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
+use crate::input::{check_rows, to_tensor, with_f32};
 
 /// A quantized linear layer `y = W x (+ b)` with `W: [out, in]` in GGUF blocks.
 pub struct QLinear {
@@ -125,40 +126,14 @@ impl QLinear {
 
 impl Module for QLinear {
     fn forward(&self, xs: &Tensor) -> candle_core::Result<Tensor> {
-        if xs.dims().last() != Some(&self.inp) {
-            return Err(Error::shape("QLinear input", &[None, Some(self.inp)], xs.dims()).into());
-        }
-        if !xs.device().is_cpu() {
-            return Err(Error::from(ErrorKind::Device {
-                tensor: "QLinear input".into(),
-                got: format!("{:?}", xs.device()),
-            })
-            .into());
-        }
-        let rows = xs.elem_count() / self.inp;
+        let rows = check_rows(xs, self.inp, "QLinear input")?;
         let mut y = vec![0f32; rows * self.out];
-        if xs.dtype() == DType::F32 && xs.is_contiguous() {
-            // Decode path: read the input in place (the output tensor is the only allocation).
-            let (storage, layout) = xs.storage_and_layout();
-            let Storage::Cpu(cpu) = &*storage else {
-                return Err(candle_core::Error::Msg(
-                    "QLinear input is not on the CPU".into(),
-                ));
-            };
-            let o = layout.start_offset();
-            self.forward_f32(
-                &cpu.as_slice::<f32>()?[o..o + rows * self.inp],
-                rows,
-                &mut y,
-            )?;
-        } else {
-            let x: Vec<f32> = xs.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-            self.forward_f32(&x, rows, &mut y)?;
-        }
+        // Contiguous f32 (the decode path) is read in place; the output is the only allocation.
+        with_f32(xs, &mut Vec::new(), |x| self.forward_f32(x, rows, &mut y))?;
         let mut dims = xs.dims().to_vec();
         if let Some(l) = dims.last_mut() {
             *l = self.out;
         }
-        Tensor::from_vec(y, dims, &Device::Cpu)?.to_dtype(xs.dtype())
+        Ok(to_tensor(y, &dims, xs.dtype())?)
     }
 }
