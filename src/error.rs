@@ -92,6 +92,20 @@ pub enum ErrorKind {
         /// The full tensor name that was looked up.
         name: String,
     },
+    /// A `.powerinfer` artifact is unreadable, truncated or inconsistent.
+    Artifact {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// An artifact was made for a different model file.
+    ArtifactMismatch {
+        /// The model the artifact names (file and hash).
+        artifact_model: String,
+        /// The sha256 of the model file given.
+        model_sha256: String,
+    },
     /// An error from candle while reading or building tensors.
     Candle(candle_core::Error),
 }
@@ -111,7 +125,8 @@ impl Error {
         .into()
     }
 
-    pub(crate) fn config(setting: &str, reason: impl Into<String>) -> Self {
+    /// A [`ErrorKind::Config`] error: `setting` is invalid because of `reason`.
+    pub fn config(setting: &str, reason: impl Into<String>) -> Self {
         ErrorKind::Config {
             setting: setting.to_string(),
             reason: reason.into(),
@@ -202,6 +217,16 @@ impl fmt::Display for Error {
             } => write!(f, "{what}: expected {expected}, got {got}"),
             ErrorKind::Config { setting, reason } => write!(f, "invalid `{setting}`: {reason}"),
             ErrorKind::MissingTensor { name } => write!(f, "missing tensor `{name}`"),
+            ErrorKind::Artifact { path, reason } => {
+                write!(f, "artifact {}: {reason}", path.display())
+            }
+            ErrorKind::ArtifactMismatch {
+                artifact_model,
+                model_sha256,
+            } => write!(
+                f,
+                "the artifact was made for {artifact_model}, not for this model file                  (sha256 {model_sha256}); run `powerinfer analyze` on this model"
+            ),
             ErrorKind::Candle(e) => write!(f, "candle: {e}"),
         }
     }

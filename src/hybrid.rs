@@ -17,8 +17,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 use crate::input::{check_rows, to_tensor, with_f32};
 use crate::place::LayerPlacement;
+use crate::predict::contributions;
 use crate::predict::{ActiveSet, All, PredictInput, Predictor};
-use crate::profile::ActivationStats;
+use crate::profile::{ActivationStats, PredictorAudit};
 
 /// What to do when a call carries many rows at once (prompt prefill).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,7 +84,16 @@ pub struct HybridFfn {
     last_active: AtomicUsize,
     stats_on: AtomicBool,
     stats: Mutex<Option<ActivationStats>>,
+    audit: Mutex<Option<Audit>>,
     scratch: Mutex<Scratch>,
+}
+
+/// Audit state: the running totals and the dense activations' buffers.
+#[derive(Debug, Default)]
+struct Audit {
+    totals: PredictorAudit,
+    h: Vec<f32>,
+    tmp: Vec<f32>,
 }
 
 impl std::fmt::Debug for HybridFfn {
@@ -125,6 +135,7 @@ impl HybridFfn {
             last_active: AtomicUsize::new(0),
             stats_on: AtomicBool::new(false),
             stats: Mutex::new(None),
+            audit: Mutex::new(None),
             scratch: Mutex::new(Scratch::default()),
         })
     }
@@ -204,6 +215,12 @@ impl HybridFfn {
 
     /// Replaces the placement; it must be for this layer's neuron count.
     pub fn with_placement(mut self, placement: LayerPlacement) -> Result<Self> {
+        self.set_placement(placement)?;
+        Ok(self)
+    }
+
+    /// Replaces the placement in place; it must be for this layer's neuron count.
+    pub fn set_placement(&mut self, placement: LayerPlacement) -> Result<()> {
         let n = self.bundles.spec().intermediate;
         if placement.intermediate() != n {
             return Err(ErrorKind::LayerCount {
@@ -214,7 +231,7 @@ impl HybridFfn {
             .into());
         }
         self.placement = placement;
-        Ok(self)
+        Ok(())
     }
 
     /// When on, every call computes every neuron (the predictor is bypassed).
@@ -231,7 +248,7 @@ impl HybridFfn {
     }
 
     /// Like [`HybridFfn::enable_stats`], also recording the `|h|` distribution for
-    /// [`ActivationStats::threshold_for_sparsity`] (calibration; costs a logarithm per value).
+    /// [`ActivationStats::threshold_for_sparsity`] (calibration; a histogram update per value).
     pub fn enable_stats_with_magnitudes(&self, threshold: f32) {
         let n = self.bundles.spec().intermediate;
         self.start_stats(ActivationStats::with_magnitudes(n, threshold));
@@ -246,6 +263,33 @@ impl HybridFfn {
     pub fn take_stats(&self) -> Option<ActivationStats> {
         self.stats_on.store(false, Ordering::Relaxed);
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Starts auditing the predictor against the exact set `|h| > threshold` (computed densely
+    /// next to every call: for evaluation, not serving). Inline-threshold predictors
+    /// (`GateFirst`) are exact by construction and are audited too.
+    pub fn enable_audit(&self, threshold: f32) {
+        *self.audit.lock().unwrap_or_else(|e| e.into_inner()) = Some(Audit {
+            totals: PredictorAudit {
+                threshold,
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+    }
+
+    /// Stops auditing and returns the totals.
+    pub fn take_audit(&self) -> Option<PredictorAudit> {
+        self.audit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .map(|a| a.totals)
+    }
+
+    /// The predictor in use.
+    pub fn predictor(&self) -> &dyn Predictor {
+        &*self.predictor
     }
 
     /// The layer's spec.
@@ -343,6 +387,8 @@ impl HybridFfn {
         } else {
             self.predictor.inline_threshold()
         };
+        let mut audit = self.audit.lock().unwrap_or_else(|e| e.into_inner());
+        let started = audit.is_some().then(std::time::Instant::now);
         if dense || rule.is_some() {
             All.predict(&input, &mut s.set)?;
         } else {
@@ -351,6 +397,24 @@ impl HybridFfn {
                 .map_err(|e| self.in_layer(e))?;
         }
         s.set.finish();
+        if let (Some(a), Some(t0)) = (audit.as_mut(), started) {
+            a.totals.predict_time += t0.elapsed();
+            a.totals.calls += 1;
+            contributions(&input, &mut a.h, &mut a.tmp);
+            let (set, tmp) = (&s.set, &a.tmp);
+            let gate_rule = spec.gated && spec.activation.exact_zeros();
+            // Inline rules keep exactly the pairs that pass them (see `Predictor::inline_threshold`).
+            let keep = |r: usize, i: usize, h: f32| match rule {
+                Some(t) if gate_rule => spec.activation.apply(tmp[2 * i * rows + r]) > t,
+                Some(t) => h.abs() > t,
+                None => set.contains(r, i),
+            };
+            let h = std::mem::take(&mut a.h);
+            a.totals
+                .record(&h, rows, |r, i| keep(r, i, h[i * rows + r]));
+            a.h = h;
+        }
+        drop(audit);
         self.placement.split(s.set.union(), &mut s.hot, &mut s.cold);
 
         match &self.bundles.down_bias {

@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 mod activation;
+mod artifact;
 mod cpu;
 mod error;
 mod ffn;
@@ -40,8 +41,13 @@ mod linear;
 mod place;
 mod predict;
 mod profile;
+mod train;
 
 pub use activation::Activation;
+pub use artifact::{
+    activation_name, Artifact, ArtifactMeta, CalibrationSummary, LayerMeta, LayerTensors,
+    ARTIFACT_FORMAT, ARTIFACT_VERSION,
+};
 pub use cpu::{
     dequantize_row, quantize_row_q8_0, share, CpuTier, Kernels, Pool, QuantKind, QuantizedRow,
     CPU_TIER_ENV, QK,
@@ -52,4 +58,7 @@ pub use hybrid::{HybridFfn, HybridOptions, PrefillPolicy};
 pub use linear::QLinear;
 pub use place::{plan_placement, LayerPlacement, Placement};
 pub use predict::{ActiveSet, All, GateFirst, LowRank, Oracle, PredictInput, Predictor};
-pub use profile::ActivationStats;
+pub use profile::{ActivationStats, PredictorAudit};
+pub use train::{
+    train_low_rank, PredictorQuality, Samples, TrainOptions, Trained, QUANTILE_MAX, QUANTILE_STEPS,
+};

@@ -347,6 +347,27 @@ fn all_neurons<const K: usize>(
     }
 }
 
+/// Every neuron's contribution `h_i` for every row (`h[i * rows + r]`), computed densely: the
+/// truth a predictor is audited against.
+pub(crate) fn contributions(input: &PredictInput<'_>, h: &mut Vec<f32>, tmp: &mut Vec<f32>) {
+    let b = input.bundles;
+    let spec = *b.spec();
+    let (gb, ub) = (b.gate_bias.as_deref(), b.up_bias.as_deref());
+    let act = spec.activation;
+    h.clear();
+    if spec.gated {
+        all_neurons(input, [0, 1], [gb, ub], tmp);
+        let rows = input.rows;
+        h.extend((0..spec.intermediate * rows).map(|q| {
+            let (i, r) = (q / rows, q % rows);
+            act.gated(tmp[(i * 2) * rows + r], tmp[(i * 2 + 1) * rows + r])
+        }));
+    } else {
+        all_neurons(input, [0], [ub], tmp);
+        h.extend(tmp.iter().map(|&u| act.ungated(u)));
+    }
+}
+
 impl Predictor for GateFirst {
     fn inline_threshold(&self) -> Option<f32> {
         Some(self.threshold)
@@ -399,16 +420,18 @@ impl Predictor for GateFirst {
     }
 }
 
-/// A low-rank predictor `score = fc2 relu(fc1 x)`; neuron `i` is active when `score_i >= threshold`.
-/// Skips all rows (gate, up, down) of neurons it leaves out. Weights are f32.
+/// A low-rank predictor `score = fc2 relu(fc1 x) + b`; neuron `i` is active when
+/// `score_i >= threshold`. Skips all rows (gate, up, down) of neurons it leaves out. Weights are
+/// held in f16 (the predictor's bytes count against the fast tier), computed in f32.
 pub struct LowRank {
-    fc1: Vec<f32>,
-    fc2: Vec<f32>,
+    fc1: Vec<half::f16>,
+    fc2: Vec<half::f16>,
+    bias: Option<Vec<f32>>,
     rank: usize,
     hidden: usize,
     intermediate: usize,
     threshold: f32,
-    scratch: Mutex<(Vec<f32>, Vec<f32>)>,
+    scratch: Mutex<(Vec<f32>, Vec<f32>, Vec<f32>)>,
 }
 
 impl fmt::Debug for LowRank {
@@ -417,8 +440,29 @@ impl fmt::Debug for LowRank {
             .field("rank", &self.rank)
             .field("hidden", &self.hidden)
             .field("intermediate", &self.intermediate)
+            .field("bias", &self.bias.is_some())
             .field("threshold", &self.threshold)
             .finish()
+    }
+}
+
+fn finite_f32(t: &Tensor, name: &str) -> Result<Vec<f32>> {
+    crate::ffn::WeightDType::from_candle(t.dtype(), name)?;
+    let v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    match v.iter().position(|x| !x.is_finite()) {
+        Some(i) => Err(Error::non_finite(name, i)),
+        None => Ok(v),
+    }
+}
+
+fn to_f16(v: &[f32], name: &str) -> Result<Vec<half::f16>> {
+    let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+    match h.iter().position(|x| !x.is_finite()) {
+        Some(i) => Err(Error::config(
+            name,
+            format!("value {} at flat index {i} overflows f16", v[i]),
+        )),
+        None => Ok(h),
     }
 }
 
@@ -433,28 +477,43 @@ impl LowRank {
             &[n, r] if r == rank && n > 0 => n,
             d => return Err(Error::shape("predictor.fc2.weight", &[None, Some(rank)], d)),
         };
-        if !threshold.is_finite() {
-            return Err(Error::config(
-                "threshold",
-                format!("{threshold} is not finite"),
-            ));
-        }
-        let read = |t: &Tensor, name: &str| -> Result<Vec<f32>> {
-            crate::ffn::WeightDType::from_candle(t.dtype(), name)?;
-            let v = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-            match v.iter().position(|x| !x.is_finite()) {
-                Some(i) => Err(Error::non_finite(name, i)),
-                None => Ok(v),
-            }
-        };
+        check_threshold(threshold)?;
+        let (n1, n2) = ("predictor.fc1.weight", "predictor.fc2.weight");
         Ok(LowRank {
-            fc1: read(fc1, "predictor.fc1.weight")?,
-            fc2: read(fc2, "predictor.fc2.weight")?,
+            fc1: to_f16(&finite_f32(fc1, n1)?, n1)?,
+            fc2: to_f16(&finite_f32(fc2, n2)?, n2)?,
+            bias: None,
             rank,
             hidden,
             intermediate,
             threshold,
-            scratch: Mutex::new((Vec::new(), Vec::new())),
+            scratch: Mutex::new((Vec::new(), Vec::new(), Vec::new())),
+        })
+    }
+
+    /// Adds a per-neuron bias `b: [intermediate]` to the score.
+    pub fn with_bias(mut self, b: &Tensor) -> Result<Self> {
+        if b.dims() != [self.intermediate] {
+            return Err(Error::shape(
+                "predictor.fc2.bias",
+                &[Some(self.intermediate)],
+                b.dims(),
+            ));
+        }
+        self.bias = Some(finite_f32(b, "predictor.fc2.bias")?);
+        Ok(self)
+    }
+
+    /// The same weights with another score threshold.
+    pub fn with_threshold(&self, threshold: f32) -> Result<Self> {
+        check_threshold(threshold)?;
+        Ok(LowRank {
+            fc1: self.fc1.clone(),
+            fc2: self.fc2.clone(),
+            bias: self.bias.clone(),
+            threshold,
+            scratch: Mutex::new((Vec::new(), Vec::new(), Vec::new())),
+            ..*self
         })
     }
 
@@ -463,9 +522,25 @@ impl LowRank {
         self.rank
     }
 
+    /// The score threshold.
+    pub fn threshold(&self) -> f32 {
+        self.threshold
+    }
+
     /// `(hidden, intermediate)` this predictor was built for.
     pub fn dims(&self) -> (usize, usize) {
         (self.hidden, self.intermediate)
+    }
+}
+
+fn check_threshold(threshold: f32) -> Result<()> {
+    if threshold.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::config(
+            "threshold",
+            format!("{threshold} is not finite"),
+        ))
     }
 }
 
@@ -480,26 +555,34 @@ impl Predictor for LowRank {
         }
         let (rows, rank, k) = (input.rows, self.rank, input.kernels);
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let (z, scores) = &mut *guard;
+        let (z, zt, scores) = &mut *guard;
         z.clear();
         z.resize(rows * rank, 0.0);
-        for r in 0..rows {
-            let xr = input.row(r);
-            for j in 0..rank {
-                let v = k.dot_f32(&self.fc1[j * self.hidden..(j + 1) * self.hidden], xr);
-                z[r * rank + j] = v.max(0.0);
+        let h = self.hidden;
+        // fc1 by bottleneck unit `j` (`z[j * rows + r]`), in parallel, then ReLU.
+        input.pool.run_chunks(z, rank, rows, &|range, part| {
+            for (p, j) in range.enumerate() {
+                let w = &self.fc1[j * h..(j + 1) * h];
+                for r in 0..rows {
+                    part[p * rows + r] = k.dot_f16(w, input.row(r)).max(0.0);
+                }
             }
-        }
+        });
+        // Back to row-major (`zt[r * rank + j]`) for fc2.
+        zt.clear();
+        zt.extend((0..rows * rank).map(|q| z[(q % rank) * rows + q / rank]));
+        let z: &[f32] = zt;
         scores.clear();
         scores.resize(self.intermediate * rows, 0.0);
-        let z: &[f32] = z;
+        let bias = self.bias.as_deref();
         input
             .pool
             .run_chunks(scores, self.intermediate, rows, &|range, part| {
                 for (p, i) in range.enumerate() {
                     let w = &self.fc2[i * rank..(i + 1) * rank];
+                    let b = bias.map_or(0.0, |b| b[i]);
                     for r in 0..rows {
-                        part[p * rows + r] = k.dot_f32(w, &z[r * rank..(r + 1) * rank]);
+                        part[p * rows + r] = k.dot_f16(w, &z[r * rank..(r + 1) * rank]) + b;
                     }
                 }
             });
@@ -514,6 +597,6 @@ impl Predictor for LowRank {
     }
 
     fn weight_bytes(&self) -> usize {
-        (self.fc1.len() + self.fc2.len()) * 4
+        (self.fc1.len() + self.fc2.len()) * 2 + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }
 }

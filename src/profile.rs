@@ -4,13 +4,16 @@
 //! neuron how often `|h| > threshold` and keeps a log-scale histogram of `|h|` over all computed
 //! (row, neuron) pairs, from which per-layer thresholds for a target sparsity are read.
 
-/// Histogram bins per octave of `|h|`.
-const PER_OCTAVE: f32 = 16.0;
+/// Histogram bins per octave of `|h|` (the top 4 mantissa bits).
+const MANTISSA_BITS: u32 = 4;
 /// Smallest octave tracked (`2^-MIN_EXP`); smaller magnitudes (and zeros) go to bin 0.
-const MIN_EXP: f32 = 30.0;
-/// Octaves tracked.
-const OCTAVES: usize = 50;
-const BINS: usize = 1 + OCTAVES * PER_OCTAVE as usize;
+const MIN_EXP: u32 = 30;
+/// Octaves tracked (`2^-30 .. 2^20`); larger magnitudes and infinities go to the last bin.
+const OCTAVES: u32 = 50;
+const BINS: usize = 1 + (OCTAVES << MANTISSA_BITS) as usize;
+/// `bits >> SHIFT` of the smallest tracked magnitude.
+const BASE: u32 = (127 - MIN_EXP) << MANTISSA_BITS;
+const SHIFT: u32 = 23 - MANTISSA_BITS;
 
 /// Per-neuron activation counts and the `|h|` distribution of one layer.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,21 +29,19 @@ pub struct ActivationStats {
     hist: Vec<u64>,
 }
 
+/// Log-scale bin of `|v|` from its bits: exponent and top mantissa bits, no logarithm.
+#[inline]
 fn bin(v: f32) -> usize {
-    let a = v.abs();
-    if a == 0.0 || !a.is_finite() {
-        return if a.is_finite() { 0 } else { BINS - 1 };
-    }
-    let b = ((a.log2() + MIN_EXP) * PER_OCTAVE).floor() + 1.0;
-    b.clamp(0.0, (BINS - 1) as f32) as usize
+    let key = (v.abs().to_bits() >> SHIFT) as usize;
+    (key + 1).saturating_sub(BASE as usize).min(BINS - 1)
 }
 
-/// Upper edge of bin `b`.
+/// Upper edge of bin `b` (every value in bins `..=b` is below it).
 fn edge(b: usize) -> f32 {
     if b == 0 {
-        return 0.0;
+        return f32::from_bits(BASE << SHIFT);
     }
-    ((b as f32) / PER_OCTAVE - MIN_EXP).exp2()
+    f32::from_bits(((b as u32).min(BINS as u32 - 1) + BASE) << SHIFT)
 }
 
 impl ActivationStats {
@@ -70,8 +71,8 @@ impl ActivationStats {
 
     /// The `|h|` threshold below which a fraction `sparsity` of the recorded (row, neuron) pairs
     /// fall: thresholding `|h| > t` then drops about that fraction. Resolution is 1/16 octave
-    /// (4.4%) of `|h|`; `None` before anything was recorded, without magnitudes, or for `sparsity`
-    /// outside `[0, 1)`.
+    /// (at most 6.3%) of `|h|`; `None` before anything was recorded, without magnitudes, or for
+    /// `sparsity` outside `[0, 1)`.
     pub fn threshold_for_sparsity(&self, sparsity: f64) -> Option<f32> {
         let total: u64 = self.hist.iter().sum();
         if total == 0 || !(0.0..1.0).contains(&sparsity) {
@@ -88,17 +89,105 @@ impl ActivationStats {
         Some(edge(BINS - 1))
     }
 
+    /// Records `rows` rows of activations given row-major (`h[r * intermediate + i]`, every
+    /// neuron computed), counting the rows as tokens.
+    pub fn record_rows(&mut self, h: &[f32], rows: usize) {
+        let n = self.counts.len();
+        for row in h.chunks_exact(n).take(rows) {
+            for (c, &v) in self.counts.iter_mut().zip(row) {
+                *c += u64::from(v.abs() > self.threshold);
+            }
+            if !self.hist.is_empty() {
+                for &v in row {
+                    self.hist[bin(v)] += 1;
+                }
+            }
+        }
+        self.tokens += rows as u64;
+    }
+
     /// Records the `h` values of `neurons` for `rows` rows (`h[p * rows + r]`).
     pub(crate) fn record(&mut self, neurons: &[u32], h: &[f32], rows: usize) {
         for (p, &i) in neurons.iter().enumerate() {
             let mut active = 0;
             for &v in &h[p * rows..(p + 1) * rows] {
                 active += u64::from(v.abs() > self.threshold);
-                if let Some(b) = self.hist.get_mut(bin(v)) {
-                    *b += 1;
+                if !self.hist.is_empty() {
+                    self.hist[bin(v)] += 1;
                 }
             }
             self.counts[i as usize] += active;
         }
+    }
+}
+
+/// A predictor's quality on live traffic: each call's predicted set against the exact set
+/// `|h_i| > threshold`, computed densely next to it (evaluation only: it costs a dense FFN).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PredictorAudit {
+    /// The `|h|` threshold that defines "truly active".
+    pub threshold: f32,
+    /// Rows seen.
+    pub tokens: u64,
+    /// (row, neuron) pairs seen.
+    pub pairs: u64,
+    /// Pairs truly active.
+    pub truth: u64,
+    /// Pairs predicted active.
+    pub predicted: u64,
+    /// Pairs both.
+    pub hits: u64,
+    /// `sum |h|` over all pairs.
+    pub mass: f64,
+    /// `sum |h|` over predicted pairs.
+    pub mass_kept: f64,
+    /// Time spent in the predictor.
+    pub predict_time: std::time::Duration,
+    /// Predictor calls timed.
+    pub calls: u64,
+}
+
+impl PredictorAudit {
+    /// Share of truly active pairs that were predicted.
+    pub fn recall(&self) -> f64 {
+        self.hits as f64 / self.truth.max(1) as f64
+    }
+
+    /// Share of predicted pairs that were truly active.
+    pub fn precision(&self) -> f64 {
+        self.hits as f64 / self.predicted.max(1) as f64
+    }
+
+    /// Share of pairs not predicted (realized sparsity).
+    pub fn sparsity(&self) -> f64 {
+        1.0 - self.predicted as f64 / self.pairs.max(1) as f64
+    }
+
+    /// Share of the activation mass `sum |h|` the predicted pairs carry.
+    pub fn mass_captured(&self) -> f64 {
+        self.mass_kept / self.mass.max(f64::MIN_POSITIVE)
+    }
+
+    /// Compares one call: `h[i * rows + r]` against `predicted(r, i)`.
+    pub(crate) fn record(
+        &mut self,
+        h: &[f32],
+        rows: usize,
+        predicted: impl Fn(usize, usize) -> bool,
+    ) {
+        for (q, &v) in h.iter().enumerate() {
+            let (i, r) = (q / rows, q % rows);
+            let (t, p) = (v.abs() > self.threshold, predicted(r, i));
+            self.truth += u64::from(t);
+            self.predicted += u64::from(p);
+            self.hits += u64::from(t && p);
+            let a = f64::from(v.abs());
+            self.mass += a;
+            if p {
+                self.mass_kept += a;
+            }
+        }
+        self.pairs += h.len() as u64;
+        self.tokens += rows as u64;
     }
 }

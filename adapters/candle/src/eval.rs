@@ -7,7 +7,7 @@ use crate::error::{ErrorKind, Result};
 use crate::model::{Ffn, Llama};
 
 impl Llama {
-    fn hybrids(&mut self) -> Result<Vec<&mut powerinfer::HybridFfn>> {
+    pub(crate) fn hybrids(&mut self) -> Result<Vec<&mut powerinfer::HybridFfn>> {
         self.layers
             .iter_mut()
             .map(|l| match &mut l.ffn {

@@ -55,6 +55,11 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(hex(&h.finalize()))
 }
 
+/// Hex sha256 of bytes.
+pub fn sha256_bytes(b: &[u8]) -> String {
+    hex(&Sha256::digest(b))
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

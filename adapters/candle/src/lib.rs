@@ -16,6 +16,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod analyze;
 mod config;
 mod error;
 mod eval;
@@ -27,11 +28,12 @@ mod tokenizer;
 
 use std::path::Path;
 
+pub use analyze::{model_sha256, native_storage, Profile, Sampling};
 pub use config::{activation_from_name, LlamaConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use generate::{generate, GenerateOptions, Generation};
 pub use load::{load_gguf, load_safetensors, FfnMode, GgufFile, PredictorChoice};
-pub use model::{DenseFfn, Ffn, Llama, Timings};
+pub use model::{DenseFfn, Ffn, FfnProbe, Llama, Timings};
 pub use tokenizer::TextTokenizer;
 
 /// Opens a model: a `.gguf` file, or a directory with `config.json`, `*.safetensors` and

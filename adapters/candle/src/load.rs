@@ -35,6 +35,10 @@ pub enum FfnMode {
     Dense,
     /// The dense candle FFN on weights dequantized to f32: the exact oracle for the hybrid FFN.
     DenseF32,
+    /// Dense FFN and attention projections dequantized to f32, so long prompts run through
+    /// candle's f32 GEMM: the fastest way to push calibration text through a model
+    /// ([`crate::Llama::probe_ffn`], `powerinfer analyze`). Costs 4 bytes per weight.
+    Analysis,
     /// `powerinfer::HybridFfn`.
     Hybrid {
         /// Storage of the neuron-major weights. `None`: as the file stores them (GGUF Q4_0, Q4_1
@@ -207,8 +211,23 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
             } => Some(options.threads),
             _ => None,
         };
-        let lin = |g: &mut GgufFile, n: &str| g.linear(&format!("{p}.{n}"), ours);
         let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
+        let f32_linear = |g: &mut GgufFile, n: &str| -> Result<Linear> {
+            let bias = format!("{p}.{n}.bias");
+            let b = if g.content.tensor_infos.contains_key(&bias) {
+                Some(g.dequantized(&bias)?)
+            } else {
+                None
+            };
+            Ok(Linear::Candle {
+                w: QMatMul::Tensor(deq(g, n)?),
+                b,
+            })
+        };
+        let lin = |g: &mut GgufFile, n: &str| match mode {
+            FfnMode::Analysis => f32_linear(g, n),
+            _ => g.linear(&format!("{p}.{n}"), ours),
+        };
         let (q, k) = (lin(gguf, "attn_q")?, lin(gguf, "attn_k")?);
         let (v, o) = (lin(gguf, "attn_v")?, lin(gguf, "attn_output")?);
         let ffn = match mode {
@@ -218,20 +237,12 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
                 down: gguf.linear(&format!("{p}.ffn_down"), None)?,
                 act: cfg.activation,
             }),
-            FfnMode::DenseF32 => {
-                let f = |g: &mut GgufFile, n: &str| -> Result<Linear> {
-                    Ok(Linear::Candle {
-                        w: QMatMul::Tensor(deq(g, n)?),
-                        b: None,
-                    })
-                };
-                Ffn::Dense(DenseFfn {
-                    gate: f(gguf, "ffn_gate")?,
-                    up: f(gguf, "ffn_up")?,
-                    down: f(gguf, "ffn_down")?,
-                    act: cfg.activation,
-                })
-            }
+            FfnMode::DenseF32 | FfnMode::Analysis => Ffn::Dense(DenseFfn {
+                gate: f32_linear(gguf, "ffn_gate")?,
+                up: f32_linear(gguf, "ffn_up")?,
+                down: f32_linear(gguf, "ffn_down")?,
+                act: cfg.activation,
+            }),
             FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| match storage {
                 None => {
                     let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
@@ -336,7 +347,7 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
         let ab = cfg.attention_bias;
         let mlp = format!("{p}.mlp");
         let ffn = match mode {
-            FfnMode::Dense | FfnMode::DenseF32 => Ffn::Dense(DenseFfn {
+            FfnMode::Dense | FfnMode::DenseF32 | FfnMode::Analysis => Ffn::Dense(DenseFfn {
                 gate: lin(&format!("{mlp}.gate_proj"), false)?,
                 up: lin(&format!("{mlp}.up_proj"), false)?,
                 down: lin(&format!("{mlp}.down_proj"), false)?,

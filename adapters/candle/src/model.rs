@@ -54,17 +54,30 @@ pub struct DenseFfn {
     pub(crate) act: Activation,
 }
 
-impl Module for DenseFfn {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+impl DenseFfn {
+    /// The activations `h = act(gate x) * up x` (`[.., intermediate]`), before the down projection.
+    pub fn activations(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let g = self.gate.forward(x)?;
         let u = self.up.forward(x)?;
-        let h = match self.act {
-            Activation::Silu => (candle_nn::ops::silu(&g)? * u)?,
-            Activation::DRelu => (g.relu()? * u.relu()?)?,
-            a => (g.apply(&a.to_candle())? * u)?,
-        };
-        self.down.forward(&h)
+        match self.act {
+            Activation::Silu => candle_nn::ops::silu(&g)? * u,
+            Activation::DRelu => g.relu()? * u.relu()?,
+            a => g.apply(&a.to_candle())? * u,
+        }
     }
+}
+
+impl Module for DenseFfn {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.down.forward(&self.activations(x)?)
+    }
+}
+
+/// Sees every layer's FFN input and activations during [`Llama::probe_ffn`] (calibration).
+pub trait FfnProbe {
+    /// `x`: the FFN input of `layer` (`[tokens, hidden]`, f32, exactly what the FFN gets);
+    /// `h`: its activations `act(gate x) * up x` (`[tokens, intermediate]`, f32).
+    fn observe(&mut self, layer: usize, x: &Tensor, h: &Tensor) -> Result<()>;
 }
 
 /// The FFN of one layer: dense reference or the hybrid sparse block.
@@ -196,7 +209,72 @@ impl Llama {
         self.forward_impl(tokens, pos, true)
     }
 
+    /// Runs `tokens` in independent windows of `chunk` tokens through the decoder layers only (no
+    /// LM head), showing each layer's FFN input and activations to `probe`. Needs dense FFNs
+    /// (load with [`crate::FfnMode::Analysis`] for speed: f32 GEMMs).
+    pub fn probe_ffn(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        probe: &mut dyn FfnProbe,
+    ) -> Result<()> {
+        if self.layers.iter().any(|l| matches!(l.ffn, Ffn::Hybrid(_))) {
+            return Err(powerinfer::Error::config(
+                "ffn",
+                "probing needs dense FFNs (FfnMode::Analysis or Dense)",
+            )
+            .into());
+        }
+        let chunk = chunk.clamp(1, self.config.context);
+        for w in tokens.chunks(chunk) {
+            self.clear_kv_cache();
+            self.trunk(w, 0, Some(&mut *probe))?;
+        }
+        self.clear_kv_cache();
+        Ok(())
+    }
+
     fn forward_impl(&mut self, tokens: &[u32], pos: usize, last_only: bool) -> Result<Tensor> {
+        let mut clock = Clock::new(self.timings.is_some());
+        let x = self.trunk_timed(tokens, pos, None, &mut clock)?;
+        let seq = tokens.len();
+        let x = if last_only {
+            x.i((.., seq - 1..seq, ..))?
+        } else {
+            x
+        };
+        let x = self.norm.forward(&x)?;
+        let logits = self.lm_head.forward(&x)?.squeeze(0)?;
+        let logits = if last_only {
+            logits.squeeze(0)?
+        } else {
+            logits
+        };
+        let logits = logits.to_dtype(DType::F32)?;
+        clock.lap(Lap::LmHead);
+        if let Some(t) = &mut self.timings {
+            clock.add_to(t);
+        }
+        Ok(logits)
+    }
+
+    fn trunk(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        probe: Option<&mut dyn FfnProbe>,
+    ) -> Result<Tensor> {
+        self.trunk_timed(tokens, pos, probe, &mut Clock::new(false))
+    }
+
+    /// Embedding and decoder layers: the hidden states `[1, tokens, hidden]` before the final norm.
+    fn trunk_timed(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        mut probe: Option<&mut dyn FfnProbe>,
+        clock: &mut Clock,
+    ) -> Result<Tensor> {
         let seq = tokens.len();
         if seq == 0 {
             return Err(ErrorKind::Prompt {
@@ -224,7 +302,6 @@ impl Llama {
             .into());
         }
         let dev = self.embed.embeddings().device().clone();
-        let mut clock = Clock::new(self.timings.is_some());
         let ids = Tensor::new(tokens, &dev)?.unsqueeze(0)?;
         let mask = if seq == 1 {
             None
@@ -237,7 +314,7 @@ impl Llama {
         let (cos, sin) = (self.cos.narrow(0, pos, seq)?, self.sin.narrow(0, pos, seq)?);
         clock.lap(Lap::Other);
         let cfg = &self.config;
-        for layer in &mut self.layers {
+        for (l, layer) in self.layers.iter_mut().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
             clock.lap(Lap::Other);
             let a = attention(layer, cfg, &h, &cos, &sin, mask.as_ref(), pos)?;
@@ -245,28 +322,19 @@ impl Llama {
             x = (a + &x)?;
             let h = layer.ffn_norm.forward(&x)?;
             clock.lap(Lap::Other);
-            let f = layer.ffn.forward(&h)?;
+            let f = match (&layer.ffn, probe.as_deref_mut()) {
+                (Ffn::Dense(d), Some(p)) => {
+                    let act = d.activations(&h)?;
+                    let rows = (seq, cfg.hidden);
+                    p.observe(l, &h.reshape(rows)?, &act.reshape((seq, cfg.intermediate))?)?;
+                    d.down.forward(&act)?
+                }
+                (ffn, _) => ffn.forward(&h)?,
+            };
             clock.lap(Lap::Ffn);
             x = (f + &x)?;
         }
-        let x = if last_only {
-            x.i((.., seq - 1..seq, ..))?
-        } else {
-            x
-        };
-        let x = self.norm.forward(&x)?;
-        let logits = self.lm_head.forward(&x)?.squeeze(0)?;
-        let logits = if last_only {
-            logits.squeeze(0)?
-        } else {
-            logits
-        };
-        let logits = logits.to_dtype(DType::F32)?;
-        clock.lap(Lap::LmHead);
-        if let Some(t) = &mut self.timings {
-            clock.add_to(t);
-        }
-        Ok(logits)
+        Ok(x)
     }
 }
 

@@ -110,7 +110,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         bail!("--runs, --decode-tokens and --prompt-tokens must be at least 1");
     }
     let settings = SparseSettings::from_args(&a.model)?;
-    let path = model_path(&a.model)?;
+    let path = model_path(&a.model.model)?;
     let mut dense = load(&path, &FfnMode::Dense)?;
     let prompt = corpus_tokens(&dense.tok, 2000..=2021, a.prompt_tokens)?;
     if prompt.len() + a.decode_tokens > dense.model.config().context {

@@ -95,8 +95,8 @@ pub(crate) fn spinner(msg: impl Into<String>) -> ProgressBar {
 }
 
 /// The model file named by `--model`, or SmolLM2 fetched into the cache.
-pub(crate) fn model_path(a: &ModelArgs) -> Result<PathBuf> {
-    if let Some(p) = &a.model {
+pub(crate) fn model_path(model: &Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = model {
         if !p.exists() {
             bail!("--model {}: no such file or directory", p.display());
         }
@@ -152,6 +152,43 @@ pub(crate) fn corpus_tokens(
     }
     out.truncate(n);
     Ok(out)
+}
+
+/// Calibration text: the given files, or State of the Union speeches up to 1999 (latest first).
+/// Returns up to `n` tokens and the names of the sources used.
+pub(crate) fn calibration_tokens(
+    tok: &TextTokenizer,
+    files: &[PathBuf],
+    n: usize,
+) -> Result<(Vec<u32>, Vec<String>)> {
+    let files = if files.is_empty() {
+        let pb = spinner("State of the Union corpus");
+        let dir = fetch::sotu(&mut |m| pb.set_message(m.to_string()))?;
+        pb.finish_and_clear();
+        let mut f = fetch::speeches(&dir, 1790..=1999)?;
+        f.reverse();
+        f
+    } else {
+        files.to_vec()
+    };
+    let (mut out, mut used) = (Vec::with_capacity(n), Vec::new());
+    for f in &files {
+        if out.len() >= n {
+            break;
+        }
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        out.extend(tok.encode(&text)?);
+        used.push(
+            f.file_name()
+                .map_or_else(|| f.display().to_string(), |s| s.to_string_lossy().into()),
+        );
+    }
+    out.truncate(n);
+    if out.len() < 2 {
+        bail!("the calibration text has fewer than 2 tokens");
+    }
+    Ok((out, used))
 }
 
 /// Loads the sparse model and sets its thresholds (calibrated or fixed). Returns them.

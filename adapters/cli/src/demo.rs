@@ -20,7 +20,7 @@ fn run_one(m: &mut Loaded, prompt: &[u32], max_tokens: usize, label: &str) -> Re
 
 pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     let settings = SparseSettings::from_args(&a.model)?;
-    let path = model_path(&a.model)?;
+    let path = model_path(&a.model.model)?;
     let mut dense = load(&path, &FfnMode::Dense)?;
     let prompt = dense.tok.encode(&chatml(&a.prompt))?;
     println!("prompt: {}", a.prompt);

@@ -11,7 +11,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         bail!("--ctx and --tokens must be at least 2");
     }
     let settings = SparseSettings::from_args(&a.model)?;
-    let path = model_path(&a.model)?;
+    let path = model_path(&a.model.model)?;
     let mut dense = load(&path, &FfnMode::Dense)?;
     let text = corpus_tokens(&dense.tok, 2000..=2021, a.tokens)?;
     let pb = spinner(format!(

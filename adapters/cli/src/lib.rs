@@ -1,6 +1,7 @@
 //! The `powerinfer` command line: flags (`clap`) in [`Cli`], validated settings and the commands
 //! in the modules below, so tests can call them without a process.
 
+mod analyze;
 mod bench;
 mod common;
 mod demo;
@@ -38,6 +39,64 @@ pub enum Command {
     /// Perplexity on held-out text (State of the Union 2000-2021), dense and sparse, with the
     /// realized FFN sparsity per layer.
     Eval(EvalArgs),
+    /// Profile the dense model on calibration text, train one low-rank predictor per layer,
+    /// plan the hot/cold placement under a byte budget, and write the `.powerinfer` artifact
+    /// (plus pictures next to it).
+    Analyze(AnalyzeArgs),
+}
+
+/// `analyze` flags.
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    /// A `.gguf` file or safetensors directory (default: SmolLM2, fetched on first use).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Calibration text files (default: State of the Union speeches up to 1999).
+    #[arg(long, num_args = 1..)]
+    pub calibration: Vec<PathBuf>,
+    /// Fast-tier byte budget for hot neurons and predictors: bytes with an optional K/M/G
+    /// suffix, or `auto` (without a GPU: half the FFN weights plus the predictors).
+    #[arg(long, default_value = "auto")]
+    pub budget: String,
+    /// FFN sparsity the per-layer `|h|` thresholds (what "active" means) are chosen for.
+    #[arg(long, default_value_t = 0.4)]
+    pub target_sparsity: f64,
+    /// Predictor rank (bottleneck width).
+    #[arg(long, default_value_t = 64)]
+    pub rank: usize,
+    /// Share of truly active neurons each layer's predictor must keep on validation rows.
+    #[arg(long, default_value_t = 0.9)]
+    pub recall: f64,
+    /// Calibration tokens to profile.
+    #[arg(long, default_value_t = 262_144)]
+    pub tokens: usize,
+    /// Of those, tokens whose `|h|` histogram sets the thresholds.
+    #[arg(long, default_value_t = 32_768)]
+    pub threshold_tokens: usize,
+    /// Training rows per layer (spread over the calibration text).
+    #[arg(long, default_value_t = 24_576)]
+    pub train_rows: usize,
+    /// Validation rows per layer (from the text after the training rows).
+    #[arg(long, default_value_t = 6_144)]
+    pub val_rows: usize,
+    /// Training epochs.
+    #[arg(long, default_value_t = 8)]
+    pub epochs: usize,
+    /// Training rows per optimizer step.
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 2e-3)]
+    pub lr: f64,
+    /// Weight of a missed active neuron against a wasted inactive one in the training loss.
+    #[arg(long, default_value_t = 2.0)]
+    pub pos_weight: f64,
+    /// Context window of each calibration chunk.
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    /// Where to write the artifact (default: next to the model, `.powerinfer` extension).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 /// Model and sparse-FFN flags shared by the commands.
@@ -163,5 +222,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(&a),
         Command::Bench(a) => bench::run(&a),
         Command::Eval(a) => eval::run(&a),
+        Command::Analyze(a) => analyze::run(&a),
     }
 }
