@@ -62,7 +62,7 @@ impl<'a> Sweep<'a> {
             // From a decade: plotters starts its ticks at the first decade in range.
             decade_below(y0 / 1.1) * 0.999..y1 * 1.1
         } else {
-            let pad = ((y1 - y0) * 0.08).max(y1 * 0.01);
+            let pad = ((y1 - y0) * 0.08).max(y1 * 0.02);
             (y0 - pad).max(0.0)..y1 + pad
         };
         let mut notes = vec![format!(
@@ -113,7 +113,10 @@ impl<'a> Sweep<'a> {
                 if self.log_y {
                     log_label(*v, &self.y, fmt_short)
                 } else {
-                    fmt_short(*v)
+                    // Enough decimals that ten ticks over the range read apart.
+                    let span = self.y.end - self.y.start;
+                    let decimals = (-(span / 10.0).log10().floor()).clamp(0.0, 6.0) as usize;
+                    format!("{v:.decimals$}")
                 }
             })
             .label_style(font(15))
