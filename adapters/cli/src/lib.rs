@@ -7,12 +7,16 @@ mod common;
 mod demo;
 mod eval;
 mod generate;
+mod plots;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
 pub use common::{load, Loaded, SparseSettings};
+pub use plots::{
+    frequency_curves, frequency_heatmap, placement_split, sparsity_perplexity, Series, SplitLayer,
+};
 
 /// Activation-sparse LLM inference (the PowerInfer technique) on candle.
 #[derive(Debug, Parser)]
