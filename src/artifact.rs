@@ -7,7 +7,9 @@
 //!   `gpu_idx`);
 //! - `blk.N.counts` u32 `[intermediate]`: calibration tokens on which the neuron was active;
 //! - `blk.N.score_quantiles` f32 `[QUANTILE_STEPS + 1]`: predictor score thresholds for a sweep of
-//!   sparsities (validation rows).
+//!   sparsities (validation rows);
+//! - `blk.N.h_quantiles` f32 `[QUANTILE_STEPS + 1]`: `|h|` thresholds for the same sparsities
+//!   (calibration histogram), for exact thresholding with `GateFirst`.
 //!
 //! Metadata (`__metadata__`): `format` = `powerinfer`, `format_version`, and `meta`, the JSON of
 //! [`ArtifactMeta`]: the source model's sha256 and file name, per-layer spec and thresholds,
@@ -119,6 +121,8 @@ pub struct LayerTensors {
     pub counts: Vec<u32>,
     /// Score thresholds for sparsity `k / QUANTILE_STEPS * QUANTILE_MAX`.
     pub score_quantiles: Vec<f32>,
+    /// `|h|` thresholds for the same sparsities (exact thresholding, `GateFirst`).
+    pub h_quantiles: Vec<f32>,
 }
 
 /// A `.powerinfer` file in memory.
@@ -202,12 +206,17 @@ impl Artifact {
                 vec![m.intermediate],
                 bytes_of(&t.counts, |x| x.to_le_bytes().to_vec()),
             ));
-            bufs.push((
-                format!("blk.{l}.score_quantiles"),
-                Dtype::F32,
-                vec![t.score_quantiles.len()],
-                f32b(&t.score_quantiles),
-            ));
+            for (name, v) in [
+                ("score_quantiles", &t.score_quantiles),
+                ("h_quantiles", &t.h_quantiles),
+            ] {
+                bufs.push((
+                    format!("blk.{l}.{name}"),
+                    Dtype::F32,
+                    vec![v.len()],
+                    f32b(v),
+                ));
+            }
         }
         let views = bufs
             .iter()
@@ -312,6 +321,7 @@ impl Artifact {
                     .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                     .collect(),
                 score_quantiles: f32s(get("score_quantiles", Dtype::F32, &[QUANTILE_STEPS + 1])?),
+                h_quantiles: f32s(get("h_quantiles", Dtype::F32, &[QUANTILE_STEPS + 1])?),
             });
         }
         let a = Artifact { meta, layers };
@@ -348,6 +358,7 @@ impl Artifact {
                     t.score_quantiles.len(),
                     QUANTILE_STEPS + 1,
                 ),
+                ("h quantiles", t.h_quantiles.len(), QUANTILE_STEPS + 1),
             ];
             for (name, got, want) in sizes {
                 if got != want {
@@ -361,6 +372,7 @@ impl Artifact {
                 && t.fc2_bias
                     .iter()
                     .chain(&t.score_quantiles)
+                    .chain(&t.h_quantiles)
                     .all(|x| x.is_finite())
                 && lm.h_threshold.is_finite()
                 && lm.score_threshold.is_finite();

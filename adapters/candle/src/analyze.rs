@@ -89,41 +89,28 @@ fn need_layers(what: &str, expected: usize, got: usize) -> Result<()> {
 }
 
 impl Llama {
-    /// Per-layer `|h|` thresholds under which a fraction `sparsity` of the (token, neuron)
-    /// activations of `tokens` fall, computed with dense FFNs (load with
-    /// [`crate::FfnMode::Analysis`]). `progress(tokens_done)` after every window of `chunk`.
-    pub fn magnitude_thresholds(
+    /// Per-layer `|h|` histograms of the (token, neuron) activations of `tokens`, computed with
+    /// dense FFNs (load with [`crate::FfnMode::Analysis`]): read thresholds for a target sparsity
+    /// with [`ActivationStats::threshold_for_sparsity`]. `progress(tokens_done)` after every
+    /// window of `chunk`.
+    pub fn magnitude_stats(
         &mut self,
         tokens: &[u32],
         chunk: usize,
-        sparsity: f64,
         progress: &mut dyn FnMut(usize),
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Vec<ActivationStats>> {
         let n = self.config.intermediate;
         let mut probe = HistogramProbe {
             stats: (0..self.config.layers)
                 .map(|_| ActivationStats::with_magnitudes(n, 0.0))
                 .collect(),
         };
-        for (k, w) in tokens.chunks(chunk.max(1)).enumerate() {
+        let chunk = chunk.max(1);
+        for (k, w) in tokens.chunks(chunk).enumerate() {
             self.probe_ffn(w, chunk, &mut probe)?;
-            progress((k * chunk.max(1) + w.len()).min(tokens.len()));
+            progress((k * chunk + w.len()).min(tokens.len()));
         }
-        probe
-            .stats
-            .iter()
-            .enumerate()
-            .map(|(l, s)| {
-                s.threshold_for_sparsity(sparsity).ok_or_else(|| {
-                    ErrorKind::Prompt {
-                        reason: format!(
-                            "layer {l}: no calibration data (sparsity {sparsity} must be in [0, 1))"
-                        ),
-                    }
-                    .into()
-                })
-            })
-            .collect()
+        Ok(probe.stats)
     }
 
     /// Runs `tokens` through the dense model counting, per layer and neuron, the tokens with

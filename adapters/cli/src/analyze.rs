@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use powerinfer::{
     activation_name, plan_placement, train_low_rank, Artifact, ArtifactMeta, CalibrationSummary,
-    LayerMeta, LayerTensors, Samples, TrainOptions,
+    LayerMeta, LayerTensors, Samples, TrainOptions, QUANTILE_MAX, QUANTILE_STEPS,
 };
 use powerinfer_candle::{model_sha256, native_storage, FfnMode, Sampling};
 
@@ -79,12 +79,26 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
     // 1. Per-layer |h| thresholds for the target sparsity.
     let head = &tokens[..a.threshold_tokens.min(tokens.len())];
     let pb = bar(head.len() as u64, "thresholds (|h| histogram)");
-    let thresholds = m
+    let hist = m
         .model
-        .magnitude_thresholds(head, a.ctx, a.target_sparsity, &mut |d| {
-            pb.set_position(d as u64)
-        })?;
+        .magnitude_stats(head, a.ctx, &mut |d| pb.set_position(d as u64))?;
     pb.finish();
+    let quantile = |s: &powerinfer::ActivationStats, q: f64| {
+        s.threshold_for_sparsity(q)
+            .context("no activations recorded (is the calibration text empty?)")
+    };
+    let thresholds = hist
+        .iter()
+        .map(|s| quantile(s, a.target_sparsity))
+        .collect::<Result<Vec<f32>>>()?;
+    let h_quantiles = hist
+        .iter()
+        .map(|s| {
+            (0..=QUANTILE_STEPS)
+                .map(|k| quantile(s, k as f64 / QUANTILE_STEPS as f64 * QUANTILE_MAX))
+                .collect::<Result<Vec<f32>>>()
+        })
+        .collect::<Result<Vec<_>>>()?;
     eprintln!("thresholds: {:.0} s", t0.elapsed().as_secs_f64());
 
     // 2. Activation counts over all calibration tokens, and training rows.
@@ -175,7 +189,8 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
         .iter()
         .zip(&profile.stats)
         .zip(&placement.layers)
-        .map(|(((t, _, _), s), p)| LayerTensors {
+        .zip(h_quantiles)
+        .map(|((((t, _, _), s), p), hq)| LayerTensors {
             fc1: t.fc1.iter().map(|&x| half::f16::from_f32(x)).collect(),
             fc2: t.fc2.iter().map(|&x| half::f16::from_f32(x)).collect(),
             fc2_bias: t.bias.clone(),
@@ -186,6 +201,7 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
                 .map(|&c| c.min(u64::from(u32::MAX)) as u32)
                 .collect(),
             score_quantiles: t.quantiles.clone(),
+            h_quantiles: hq,
         })
         .collect();
     let (n_train, n_val) = trained.first().map_or((0, 0), |(_, a, b)| (*a, *b));
@@ -216,7 +232,50 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
     };
     artifact.save(&out)?;
     report(&artifact, &out, t0.elapsed().as_secs_f64(), ffn_bytes);
+    let pictures = pictures(&artifact, &out, &freqs, neuron_bytes)?;
+    println!("pictures: {}", pictures.join(", "));
     Ok(())
+}
+
+/// The analysis pictures, next to the artifact.
+fn pictures(
+    a: &Artifact,
+    out: &Path,
+    freqs: &[Vec<f64>],
+    neuron_bytes: u64,
+) -> Result<Vec<String>> {
+    let (dir, stem) = picture_stem(out);
+    let model = &a.meta.model_file;
+    let mut files = crate::plots::frequency_curves(
+        &dir,
+        &format!("{stem}.frequency"),
+        &format!("{model}: neuron activation frequency per layer (sorted)"),
+        freqs,
+    )?;
+    files.extend(crate::plots::frequency_heatmap(
+        &dir,
+        &format!("{stem}.heatmap"),
+        &format!("{model}: activation frequency, layer x neuron"),
+        freqs,
+    )?);
+    let split: Vec<crate::plots::SplitLayer> = a
+        .layers
+        .iter()
+        .zip(&a.meta.layers)
+        .map(|(t, m)| crate::plots::SplitLayer {
+            hot_bytes: t.hot.len() as u64 * neuron_bytes,
+            cold_bytes: (m.intermediate - t.hot.len()) as u64 * neuron_bytes,
+        })
+        .collect();
+    files.extend(crate::plots::placement_split(
+        &dir,
+        &format!("{stem}.placement"),
+        &format!("{model}: hot (fast tier) / cold (CPU) split"),
+        &split,
+        a.meta.budget,
+        a.meta.predictor_bytes,
+    )?);
+    Ok(files.iter().map(|p| p.display().to_string()).collect())
 }
 
 fn describe(sources: &[String]) -> String {
@@ -265,8 +324,8 @@ fn report(a: &Artifact, out: &Path, seconds: f64, ffn_bytes: u64) {
     );
 }
 
-/// Where pictures for `artifact` go: next to it, named after it.
-pub(crate) fn picture_stem(artifact: &Path, what: &str) -> (PathBuf, String) {
+/// Where pictures for `artifact` go: its directory and file stem.
+pub(crate) fn picture_stem(artifact: &Path) -> (PathBuf, String) {
     let dir = artifact
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -274,5 +333,5 @@ pub(crate) fn picture_stem(artifact: &Path, what: &str) -> (PathBuf, String) {
     let stem = artifact
         .file_stem()
         .map_or_else(|| "powerinfer".into(), |s| s.to_string_lossy().into_owned());
-    (dir, format!("{stem}.{what}"))
+    (dir, stem)
 }

@@ -72,19 +72,19 @@ pub struct AnalyzeArgs {
     #[arg(long, default_value_t = 0.9)]
     pub recall: f64,
     /// Calibration tokens to profile.
-    #[arg(long, default_value_t = 262_144)]
+    #[arg(long, default_value_t = 200_000)]
     pub tokens: usize,
     /// Of those, tokens whose `|h|` histogram sets the thresholds.
     #[arg(long, default_value_t = 32_768)]
     pub threshold_tokens: usize,
     /// Training rows per layer (spread over the calibration text).
-    #[arg(long, default_value_t = 24_576)]
+    #[arg(long, default_value_t = 16_384)]
     pub train_rows: usize,
     /// Validation rows per layer (from the text after the training rows).
-    #[arg(long, default_value_t = 6_144)]
+    #[arg(long, default_value_t = 4_096)]
     pub val_rows: usize,
     /// Training epochs.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 6)]
     pub epochs: usize,
     /// Training rows per optimizer step.
     #[arg(long, default_value_t = 128)]
