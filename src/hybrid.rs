@@ -204,6 +204,12 @@ impl HybridFfn {
 
     /// Replaces the placement; it must be for this layer's neuron count.
     pub fn with_placement(mut self, placement: LayerPlacement) -> Result<Self> {
+        self.set_placement(placement)?;
+        Ok(self)
+    }
+
+    /// Replaces the placement in place; it must be for this layer's neuron count.
+    pub fn set_placement(&mut self, placement: LayerPlacement) -> Result<()> {
         let n = self.bundles.spec().intermediate;
         if placement.intermediate() != n {
             return Err(ErrorKind::LayerCount {
@@ -214,7 +220,7 @@ impl HybridFfn {
             .into());
         }
         self.placement = placement;
-        Ok(self)
+        Ok(())
     }
 
     /// When on, every call computes every neuron (the predictor is bypassed).
