@@ -106,6 +106,50 @@ pub enum ErrorKind {
         /// The sha256 of the model file given.
         model_sha256: String,
     },
+    /// A file does not start with a magic this reader accepts (`GGUF`, or PowerInfer's `PWRI`).
+    BadMagic {
+        /// The file.
+        file: String,
+        /// The first four bytes found.
+        got: [u8; 4],
+    },
+    /// A file ends before something it declares (a header field, a tensor's data).
+    Truncated {
+        /// The file.
+        file: String,
+        /// What was cut off (e.g. `"tensor `blk.0.gpu_idx`"`, `"header"`).
+        what: String,
+        /// Bytes needed to hold it (0 where unknown).
+        needed: u64,
+        /// Bytes the file has.
+        len: u64,
+    },
+    /// A file is malformed in a way no other kind describes (names the file and the reason).
+    Format {
+        /// The file.
+        file: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A tensor in a file has a storage type this reader cannot use there.
+    TensorType {
+        /// Which tensor.
+        tensor: String,
+        /// The type found (GGML name or number).
+        got: String,
+        /// The type(s) accepted.
+        expected: String,
+    },
+    /// PowerInfer's two per-layer placement tensors disagree: `gpu_idx` flags a neuron hot that
+    /// `gpu_bucket` does not list, or the other way round.
+    GpuIndexMismatch {
+        /// The layer.
+        layer: usize,
+        /// The neuron on which they disagree.
+        neuron: usize,
+        /// True when `gpu_idx` flags it and `gpu_bucket` lacks it; false for the reverse.
+        flagged_not_listed: bool,
+    },
     /// An error from candle while reading or building tensors.
     Candle(candle_core::Error),
 }
@@ -225,8 +269,48 @@ impl fmt::Display for Error {
                 model_sha256,
             } => write!(
                 f,
-                "the artifact was made for {artifact_model}, not for this model file                  (sha256 {model_sha256}); run `powerinfer analyze` on this model"
+                "the artifact was made for {artifact_model}, not for this model file \
+                 (sha256 {model_sha256}); run `powerinfer analyze` on this model"
             ),
+            ErrorKind::BadMagic { file, got } => write!(
+                f,
+                "{file}: not a GGUF file: magic {:?} ({got:02x?}), expected \"GGUF\" or \"PWRI\"",
+                String::from_utf8_lossy(got)
+            ),
+            ErrorKind::Truncated {
+                file,
+                what,
+                needed,
+                len,
+            } => write!(
+                f,
+                "{file}: truncated: {what} needs {needed} bytes, the file has {len}"
+            ),
+            ErrorKind::Format { file, reason } => write!(f, "{file}: {reason}"),
+            ErrorKind::TensorType {
+                tensor,
+                got,
+                expected,
+            } => write!(f, "tensor `{tensor}` has type {got}, expected {expected}"),
+            ErrorKind::GpuIndexMismatch {
+                layer,
+                neuron,
+                flagged_not_listed,
+            } => {
+                if *flagged_not_listed {
+                    write!(
+                        f,
+                        "blk.{layer}.gpu_idx flags neuron {neuron} hot but blk.{layer}.gpu_bucket \
+                         does not list it"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "blk.{layer}.gpu_bucket lists neuron {neuron} but blk.{layer}.gpu_idx \
+                         does not flag it hot"
+                    )
+                }
+            }
             ErrorKind::Candle(e) => write!(f, "candle: {e}"),
         }
     }

@@ -37,6 +37,7 @@ mod error;
 mod ffn;
 mod hybrid;
 mod input;
+mod interop;
 mod linear;
 mod place;
 mod predict;
@@ -55,6 +56,10 @@ pub use cpu::{
 pub use error::{Error, ErrorKind, Result};
 pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 pub use hybrid::{HybridFfn, HybridOptions, PrefillPolicy};
+pub use interop::{
+    parse_gpuidx, read_gguf, read_gpuidx, GgufMagic, PowerInferFile, PreNormLowRank, RowRms,
+    GGUF_MAGIC, POWERINFER_DEFAULT_THRESHOLD, POWERINFER_MAGIC, SPARSE_THRESHOLD_KEY,
+};
 pub use linear::QLinear;
 pub use place::{plan_placement, LayerPlacement, Placement};
 pub use predict::{ActiveSet, All, GateFirst, LowRank, Oracle, PredictInput, Predictor};

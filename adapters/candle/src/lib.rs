@@ -24,6 +24,7 @@ pub mod fetch;
 mod generate;
 mod load;
 mod model;
+mod pwri;
 mod tokenizer;
 
 use std::path::Path;

@@ -114,6 +114,9 @@ fn float_bundles(spec: FfnSpec, storage: WeightDType, w: [Tensor; 3]) -> Result<
 pub struct GgufFile {
     /// Parsed header, metadata and tensor index.
     pub content: gguf_file::Content,
+    /// `GGUF`, or PowerInfer's `PWRI` (a llama file PowerInfer runs sparse: ReLU FFN,
+    /// `ffn_down_t`, predictors).
+    pub magic: powerinfer::GgufMagic,
     path: std::path::PathBuf,
     file: File,
 }
@@ -124,8 +127,7 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
         let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        let content = gguf_file::Content::read(&mut file)
-            .map_err(|e| Error::format(path, format!("GGUF header: {e}")))?;
+        let (magic, content) = crate::pwri::read_header(&mut file, path)?;
         for (name, info) in &content.tensor_infos {
             let elems = info.shape.elem_count();
             let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
@@ -139,6 +141,7 @@ impl GgufFile {
         }
         Ok(GgufFile {
             content,
+            magic,
             path: path.to_path_buf(),
             file,
         })
@@ -169,6 +172,9 @@ impl GgufFile {
 
     /// Reads a tensor, or a typed error naming it.
     pub fn tensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
+        if let Some(t) = crate::pwri::down_from_transposed(self, name)? {
+            return Ok(t);
+        }
         if !self.content.tensor_infos.contains_key(name) {
             return Err(ErrorKind::MissingTensor { name: name.into() }.into());
         }
@@ -191,7 +197,8 @@ fn norm(w: Tensor, eps: f64) -> RmsNorm {
 
 /// Loads a llama-family GGUF file with each layer's FFN built as `mode` says.
 pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
-    let cfg = LlamaConfig::from_gguf(&gguf.content)?;
+    let mut cfg = LlamaConfig::from_gguf(&gguf.content)?;
+    crate::pwri::adjust_config(gguf, &mut cfg);
     let dev = Device::Cpu;
     let embed_q = gguf.tensor("token_embd.weight")?;
     let embed = embed_q.dequantize(&dev)?;
@@ -303,6 +310,7 @@ fn finish(
         cos,
         sin,
         timings: None,
+        pre_norm_rms: Vec::new(),
     })
 }
 

@@ -148,6 +148,9 @@ pub struct Llama {
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
     pub(crate) timings: Option<Timings>,
+    /// Per layer, where a PowerInfer predictor with a non-zero threshold wants the pre-norm RMS
+    /// of each row (see `pwri.rs`); empty otherwise.
+    pub(crate) pre_norm_rms: Vec<Option<powerinfer::RowRms>>,
 }
 
 /// RoPE tables for `positions` positions.
@@ -320,6 +323,9 @@ impl Llama {
             let a = attention(layer, cfg, &h, &cos, &sin, mask.as_ref(), pos)?;
             clock.lap(Lap::Attention);
             x = (a + &x)?;
+            if let Some(Some(rms)) = self.pre_norm_rms.get(l) {
+                crate::pwri::set_row_rms(rms, &x, layer.ffn_norm.eps)?;
+            }
             let h = layer.ffn_norm.forward(&x)?;
             clock.lap(Lap::Other);
             let f = match (&layer.ffn, probe.as_deref_mut()) {

@@ -1,0 +1,162 @@
+//! PowerInfer's own files in the llama model: `PWRI`-magic GGUF models (ReLU FFN, down stored
+//! transposed as `blk.N.ffn_down_t.weight`, predictors `blk.N.fc1` / `blk.N.fc2`) and `.gpuidx`
+//! placements. The file formats are read by the engine (`powerinfer::PowerInferFile`,
+//! `powerinfer::read_gpuidx`); this module wires them into a loaded [`Llama`].
+
+use std::fs::File;
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor, D};
+use powerinfer::{Activation, GgufMagic, LayerPlacement, PowerInferFile, RowRms};
+
+use crate::config::LlamaConfig;
+use crate::error::{Error, Result};
+use crate::load::GgufFile;
+use crate::model::{Ffn, Llama};
+
+/// Reads a GGUF header whose magic is `GGUF` or `PWRI`; file-level problems (magic, truncation,
+/// malformed header) are this crate's `Format` error naming the file.
+pub(crate) fn read_header(file: &mut File, path: &Path) -> Result<(GgufMagic, gguf_file::Content)> {
+    powerinfer::read_gguf(file, &path.display().to_string()).map_err(|e| match e.kind() {
+        powerinfer::ErrorKind::BadMagic { .. }
+        | powerinfer::ErrorKind::Truncated { .. }
+        | powerinfer::ErrorKind::Format { .. } => Error::format(path, e.to_string()),
+        _ => e.into(),
+    })
+}
+
+/// PowerInfer runs every `PWRI` llama file with a ReLU FFN (`LLM_FFN_RELU` in its
+/// `llm_build_ffn_sparse` call); the file has no activation key.
+pub(crate) fn adjust_config(gguf: &GgufFile, cfg: &mut LlamaConfig) {
+    if gguf.magic == GgufMagic::PowerInfer {
+        cfg.activation = Activation::Relu;
+    }
+}
+
+/// Serves `blk.N.ffn_down.weight` from `blk.N.ffn_down_t.weight` (PowerInfer stores down
+/// transposed, `[intermediate, hidden]`) when only the latter is in the file: transposed back to
+/// `[hidden, intermediate]`, in f16 if stored f16, else f32 (exact for every source type).
+pub(crate) fn down_from_transposed(gguf: &mut GgufFile, name: &str) -> Result<Option<QTensor>> {
+    let Some(prefix) = name.strip_suffix(".ffn_down.weight") else {
+        return Ok(None);
+    };
+    let t_name = format!("{prefix}.ffn_down_t.weight");
+    if gguf.content.tensor_infos.contains_key(name)
+        || !gguf.content.tensor_infos.contains_key(&t_name)
+    {
+        return Ok(None);
+    }
+    let q = gguf.tensor(&t_name)?;
+    if q.shape().dims().len() != 2 {
+        return Err(powerinfer::Error::from(powerinfer::ErrorKind::Shape {
+            tensor: t_name,
+            expected: vec![None, None],
+            got: q.shape().dims().to_vec(),
+        })
+        .into());
+    }
+    let keep = if q.dtype() == GgmlDType::F16 {
+        GgmlDType::F16
+    } else {
+        GgmlDType::F32
+    };
+    let down = q.dequantize(&Device::Cpu)?.t()?.contiguous()?;
+    Ok(Some(QTensor::quantize(&down, keep)?))
+}
+
+/// Hands a PowerInfer predictor `sqrt(mean(x^2) + eps)` of each row of the pre-norm input `x`.
+pub(crate) fn set_row_rms(rms: &RowRms, x: &Tensor, eps: f32) -> Result<()> {
+    let r = x
+        .to_dtype(DType::F32)?
+        .sqr()?
+        .mean_keepdim(D::Minus1)?
+        .affine(1.0, eps as f64)?
+        .sqrt()?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    rms.set(&r);
+    Ok(())
+}
+
+fn config_error(setting: &str, reason: String) -> Error {
+    powerinfer::Error::from(powerinfer::ErrorKind::Config {
+        setting: setting.into(),
+        reason,
+    })
+    .into()
+}
+
+fn layer_count(what: &str, expected: usize, got: usize) -> Error {
+    powerinfer::Error::from(powerinfer::ErrorKind::LayerCount {
+        what: what.into(),
+        expected,
+        got,
+    })
+    .into()
+}
+
+impl Llama {
+    /// Installs PowerInfer's per-layer predictors from `file` (usually the same `PWRI` file the
+    /// model was loaded from) into every layer's hybrid FFN, with the file's
+    /// `powerinfer.sparse_threshold` (0 when absent).
+    ///
+    /// PowerInfer feeds its llama predictors the residual stream before the FFN norm; each layer
+    /// gets a `powerinfer::PreNormLowRank` built with that layer's norm weight, and for a
+    /// non-zero threshold the model hands it each row's pre-norm RMS on every forward call, so
+    /// the active set is PowerInfer's rule `fc2 relu(fc1 u) >= threshold`, exactly.
+    ///
+    /// Every layer must be hybrid (`FfnMode::Hybrid`), and the file must have as many layers.
+    pub fn use_powerinfer_predictors(&mut self, file: &mut PowerInferFile) -> Result<()> {
+        let n = file.layers()?;
+        if n != self.layers.len() {
+            return Err(layer_count(
+                "layers in the PowerInfer predictor file",
+                self.layers.len(),
+                n,
+            ));
+        }
+        let mut rms = Vec::with_capacity(n);
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let Ffn::Hybrid(h) = &mut layer.ffn else {
+                return Err(config_error(
+                    "ffn",
+                    format!("layer {l} has a dense FFN; load the model with FfnMode::Hybrid"),
+                ));
+            };
+            let mut p = file.pre_norm_predictor(l, &layer.ffn_norm.w)?;
+            if p.needs_row_rms() {
+                let r = RowRms::new();
+                p = p.with_row_rms(r.clone());
+                rms.push(Some(r));
+            } else {
+                rms.push(None);
+            }
+            h.set_predictor(p);
+        }
+        self.pre_norm_rms = rms;
+        Ok(())
+    }
+
+    /// Applies one placement per layer (e.g. from `powerinfer::read_gpuidx`) to the hybrid FFNs.
+    /// Placement decides where a neuron is computed, never whether: outputs do not change.
+    pub fn apply_placements(&mut self, placements: Vec<LayerPlacement>) -> Result<()> {
+        if placements.len() != self.layers.len() {
+            return Err(layer_count(
+                "placements (one per layer)",
+                self.layers.len(),
+                placements.len(),
+            ));
+        }
+        for (l, (layer, p)) in self.layers.iter_mut().zip(placements).enumerate() {
+            let Ffn::Hybrid(h) = &mut layer.ffn else {
+                return Err(config_error(
+                    "ffn",
+                    format!("layer {l} has a dense FFN; load the model with FfnMode::Hybrid"),
+                ));
+            };
+            h.set_placement(p)?;
+        }
+        Ok(())
+    }
+}
