@@ -23,6 +23,9 @@ pub struct Samples {
     words: usize,
     x: Vec<f32>,
     active: Vec<u64>,
+    /// `|h|` of every (row, neuron) pair, in units of the row's threshold (f16).
+    mag: Vec<half::f16>,
+    threshold: Vec<f32>,
 }
 
 impl Samples {
@@ -34,6 +37,8 @@ impl Samples {
             words: intermediate.div_ceil(64),
             x: Vec::new(),
             active: Vec::new(),
+            mag: Vec::new(),
+            threshold: Vec::new(),
         }
     }
 
@@ -58,6 +63,9 @@ impl Samples {
                 self.active[base + i / 64] |= 1 << (i % 64);
             }
         }
+        self.mag
+            .extend(h.iter().map(|&v| half::f16::from_f32(v.abs())));
+        self.threshold.push(threshold);
         Ok(())
     }
 
@@ -67,6 +75,8 @@ impl Samples {
         Samples {
             x: self.x.split_off(at * self.hidden),
             active: self.active.split_off(at * self.words),
+            mag: self.mag.split_off(at * self.intermediate),
+            threshold: self.threshold.split_off(at),
             ..*self
         }
     }
@@ -95,6 +105,34 @@ impl Samples {
     pub fn active_fraction(&self) -> f64 {
         let ones: u64 = self.active.iter().map(|w| u64::from(w.count_ones())).sum();
         ones as f64 / (self.len() * self.intermediate).max(1) as f64
+    }
+
+    /// `|h|` of (row, neuron).
+    pub fn magnitude(&self, row: usize, neuron: usize) -> f32 {
+        self.mag[row * self.intermediate + neuron].to_f32()
+    }
+
+    /// Per-pair loss weights `[n, intermediate]`: for active pairs `min(|h| / t, cap)` (missing a
+    /// large contribution costs more), 1 for inactive ones.
+    fn mass_weights(
+        &self,
+        range: std::ops::Range<usize>,
+        cap: f32,
+        dev: &Device,
+    ) -> Result<Tensor> {
+        let n = range.len();
+        let mut w = Vec::with_capacity(n * self.intermediate);
+        for r in range {
+            let t = self.threshold[r].max(f32::MIN_POSITIVE);
+            w.extend((0..self.intermediate).map(|i| {
+                if self.is_active(r, i) {
+                    (self.magnitude(r, i) / t).clamp(1.0, cap)
+                } else {
+                    1.0
+                }
+            }));
+        }
+        Ok(Tensor::from_vec(w, (n, self.intermediate), dev)?)
     }
 
     /// Rows `range` as tensors: inputs `[n, hidden]` and 0/1 targets `[n, intermediate]`.
@@ -134,6 +172,10 @@ pub struct TrainOptions {
     pub target_recall: f64,
     /// Seed of the initial weights and the row order.
     pub seed: u64,
+    /// Weigh each missed active neuron by its contribution `|h| / threshold` (capped at this
+    /// value) on top of `pos_weight`, so the predictor learns to keep the large ones: quality
+    /// follows the activation mass kept, not the count. `1.0` turns it off.
+    pub mass_cap: f32,
 }
 
 impl Default for TrainOptions {
@@ -146,6 +188,7 @@ impl Default for TrainOptions {
             pos_weight: 2.0,
             target_recall: 0.9,
             seed: 2024,
+            mass_cap: 1.0,
         }
     }
 }
@@ -164,6 +207,9 @@ impl TrainOptions {
                 "pos_weight",
                 format!("{} must be positive", self.pos_weight),
             );
+        }
+        if !(self.mass_cap >= 1.0 && self.mass_cap.is_finite()) {
+            return bad("mass_cap", format!("{} must be >= 1", self.mass_cap));
         }
         if !(self.target_recall > 0.0 && self.target_recall <= 1.0) {
             return bad(
@@ -186,6 +232,8 @@ pub struct PredictorQuality {
     pub predicted: f64,
     /// Share of all pairs truly active.
     pub truth: f64,
+    /// Share of the activation mass `sum |h|` the predicted pairs carry.
+    pub mass: f64,
 }
 
 /// Score thresholds for a sweep: `quantiles[k]` predicts about `1 - k / (len - 1) * QUANTILE_MAX`
@@ -240,15 +288,24 @@ impl Trained {
     }
 }
 
-/// `sum(pos_weight * y * softplus(-s) + (1 - y) * softplus(s)) / n`, softplus written stably.
-fn weighted_bce(scores: &Tensor, y: &Tensor, pos_weight: f64) -> candle_core::Result<Tensor> {
+/// `sum(w * (pos_weight * y * softplus(-s) + (1 - y) * softplus(s))) / n`, softplus written
+/// stably; `w` optional per-pair weights.
+fn weighted_bce(
+    scores: &Tensor,
+    y: &Tensor,
+    w: Option<&Tensor>,
+    pos_weight: f64,
+) -> candle_core::Result<Tensor> {
     let softplus = |t: &Tensor| -> candle_core::Result<Tensor> {
         // softplus(t) = relu(t) + log(1 + exp(-|t|))
         t.relu()? + ((t.abs()?.neg()?.exp()? + 1.0)?.log()?)
     };
     let pos = (y * softplus(&scores.neg()?)?)?.affine(pos_weight, 0.0)?;
     let neg = (y.affine(-1.0, 1.0)? * softplus(scores)?)?;
-    (pos + neg)?.mean_all()
+    match w {
+        Some(w) => ((pos + neg)? * w)?.mean_all(),
+        None => (pos + neg)?.mean_all(),
+    }
 }
 
 /// Fits a predictor on `train` and picks its threshold on `val` (see the module docs).
@@ -324,6 +381,11 @@ pub fn train_low_rank(
     // All training rows as two tensors; batches are contiguous slices (the rows are already
     // spread over the calibration text), visited in a shuffled order each epoch.
     let (xs, ys) = train.tensors(0..train.len(), &dev)?;
+    let ws = if opts.mass_cap > 1.0 {
+        Some(train.mass_weights(0..train.len(), opts.mass_cap, &dev)?)
+    } else {
+        None
+    };
     let mut order: Vec<usize> = (0..train.len().div_ceil(opts.batch)).collect();
     let mut losses = Vec::with_capacity(opts.epochs);
     for epoch in 0..opts.epochs {
@@ -333,7 +395,8 @@ pub fn train_low_rank(
             let start = b * opts.batch;
             let len = opts.batch.min(train.len() - start);
             let (x, y) = (xs.narrow(0, start, len)?, ys.narrow(0, start, len)?);
-            let loss = weighted_bce(&forward(&x)?, &y, opts.pos_weight)?;
+            let w = ws.as_ref().map(|w| w.narrow(0, start, len)).transpose()?;
+            let loss = weighted_bce(&forward(&x)?, &y, w.as_ref(), opts.pos_weight)?;
             opt.backward_step(&loss)?;
             total += f64::from(loss.to_scalar::<f32>()?);
         }
@@ -368,6 +431,7 @@ pub fn train_low_rank(
     let b = Tensor::from_slice(&trained.bias, n, &dev)?;
     let mut on = Vec::new();
     let mut all = Vec::with_capacity(val.len() * n);
+    let mut mass = Vec::with_capacity(val.len() * n);
     for start in (0..val.len()).step_by(4096) {
         let (x, _) = val.tensors(start..(start + 4096).min(val.len()), &dev)?;
         let s = x
@@ -383,11 +447,24 @@ pub fn train_low_rank(
                     on.push(v);
                 }
                 all.push(v);
+                mass.push(val.magnitude(start + r, i));
             }
         }
     }
     let threshold = recall_threshold(&mut on, opts.target_recall);
-    let quality = measure(&on, &all, threshold);
+    let mut quality = measure(&on, &all, threshold);
+    let kept: f64 = all
+        .iter()
+        .zip(&mass)
+        .filter(|(&s, _)| s >= threshold)
+        .map(|(_, &m)| f64::from(m))
+        .sum();
+    quality.mass = kept
+        / mass
+            .iter()
+            .map(|&m| f64::from(m))
+            .sum::<f64>()
+            .max(f64::MIN_POSITIVE);
     all.sort_by(f32::total_cmp);
     let quantiles = (0..=QUANTILE_STEPS)
         .map(|k| {
@@ -423,6 +500,7 @@ fn measure(active_scores: &[f32], all: &[f32], threshold: f32) -> PredictorQuali
         precision: hit / predicted.max(1.0),
         predicted: predicted / total,
         truth: active_scores.len() as f64 / total,
+        mass: 0.0,
     }
 }
 

@@ -10,7 +10,8 @@ use crate::common::{corpus_tokens, load, load_sparse, model_path, SparseSettings
 use crate::BenchArgs;
 
 /// One measured mode: `dense` (candle's FFN and matmuls, the reference), `all` (every neuron
-/// through powerinfer's kernels), `sparse` (calibrated `GateFirst`).
+/// through powerinfer's kernels), `sparse` (exact `GateFirst` thresholding), `trained` (the
+/// artifact's predictors).
 struct Row {
     mode: &'static str,
     prompt_tps: f64,
@@ -144,19 +145,31 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         "all",
     )?);
     drop(all);
-    let (mut sparse, _) = load_sparse(&path, &settings)?;
-    rows.push(measure(
-        &mut sparse.model,
-        &prompt,
-        a.decode_tokens,
-        a.runs,
-        "sparse",
-    )?);
-    // Realized sparsity on the prompt, counted after the timed runs.
-    sparse.model.enable_ffn_stats();
-    sparse.model.clear_kv_cache();
-    sparse.model.forward(&prompt, 0)?;
-    let realized = crate::common::mean_sparsity(&mut sparse.model);
+    let mut sp = load_sparse(&path, &settings)?;
+    // With an artifact: exact thresholding at its |h| thresholds, then its trained predictors.
+    let mut modes = vec![("sparse", false)];
+    if sp.artifact.is_some() {
+        sp.use_exact(None)?;
+        modes.push(("trained", true));
+    }
+    let mut realized = Vec::new();
+    for (mode, trained) in modes {
+        if trained {
+            sp.use_trained(settings.predictor_sparsity)?;
+        }
+        rows.push(measure(
+            &mut sp.m.model,
+            &prompt,
+            a.decode_tokens,
+            a.runs,
+            mode,
+        )?);
+        // Realized sparsity on the prompt, counted after the timed runs.
+        sp.m.model.enable_ffn_stats();
+        sp.m.model.clear_kv_cache();
+        sp.m.model.forward(&prompt, 0)?;
+        realized.push((mode, crate::common::mean_sparsity(&mut sp.m.model)));
+    }
 
     println!(
         "{:<7} {:>12} {:>12} | per decoded token, ms: {:>9} {:>7} {:>8} {:>7}",
@@ -183,18 +196,27 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
                 "prompt_tps": r.prompt_tps, "decode_tps": r.decode_tps,
                 "ms_per_token": {"attention": ms(t.attention), "ffn": ms(t.ffn), "lm_head": ms(t.lm_head), "other": ms(t.other)},
                 "threads": settings.threads,
-                "realized_sparsity": if r.mode == "sparse" { Some(realized) } else { None },
+                "realized_sparsity": realized.iter().find(|m| m.0 == r.mode).map(|m| m.1),
             })
         );
     }
-    println!(
-        "decode vs dense (candle): all neurons {:.2}x, sparse {:.2}x; sparse vs all {:.2}x; realized FFN sparsity {:.1}%",
-        rows[1].decode_tps / rows[0].decode_tps,
-        rows[2].decode_tps / rows[0].decode_tps,
-        rows[2].decode_tps / rows[1].decode_tps,
-        realized * 100.0
-    );
-    if let Some(peer) = rows.get(3) {
+    for (k, (mode, s)) in realized.iter().enumerate() {
+        let r = &rows[2 + k];
+        println!(
+            "decode vs dense (candle): {mode} {:.2}x, all neurons {:.2}x; {mode} vs all {:.2}x; realized FFN sparsity {:.1}%",
+            r.decode_tps / rows[0].decode_tps,
+            rows[1].decode_tps / rows[0].decode_tps,
+            r.decode_tps / rows[1].decode_tps,
+            s * 100.0
+        );
+    }
+    if realized.len() == 2 {
+        println!(
+            "trained predictors vs exact thresholding (same run): decode {:.2}x",
+            rows[3].decode_tps / rows[2].decode_tps
+        );
+    }
+    if let Some(peer) = rows.iter().find(|r| r.mode == "candle") {
         println!(
             "our dense model vs candle-transformers quantized_llama (same file, same run): decode {:.2}x, prompt {:.2}x (no per-component times for the peer)",
             rows[0].decode_tps / peer.decode_tps,

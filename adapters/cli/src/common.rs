@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use powerinfer::{HybridOptions, WeightDType};
+use powerinfer::{Artifact, HybridOptions, WeightDType};
 use powerinfer_candle::{
-    fetch, generate, open, FfnMode, GenerateOptions, Generation, Llama, PredictorChoice,
-    TextTokenizer,
+    fetch, generate, model_sha256, open, FfnMode, GenerateOptions, Generation, Llama,
+    PredictorChoice, TextTokenizer,
 };
 
 use crate::ModelArgs;
@@ -28,6 +28,10 @@ pub struct SparseSettings {
     pub threads: usize,
     /// Attention projections through powerinfer's `QLinear` in the sparse mode.
     pub powerinfer_linears: bool,
+    /// A `.powerinfer` artifact: trained predictors and placement for the sparse mode.
+    pub artifact: Option<PathBuf>,
+    /// With an artifact: score thresholds for this sparsity instead of the target-recall ones.
+    pub predictor_sparsity: Option<f64>,
 }
 
 impl SparseSettings {
@@ -54,6 +58,22 @@ impl SparseSettings {
         if a.calibration_tokens < 2 {
             bail!("--calibration-tokens must be at least 2");
         }
+        if let Some(s) = a.predictor_sparsity {
+            if a.powerinfer.is_none() {
+                bail!("--predictor-sparsity needs --powerinfer ARTIFACT");
+            }
+            if !(0.0..=powerinfer::QUANTILE_MAX).contains(&s) {
+                bail!(
+                    "--predictor-sparsity {s}: expected a value in [0, {}]",
+                    powerinfer::QUANTILE_MAX
+                );
+            }
+        }
+        if let Some(p) = &a.powerinfer {
+            if !p.is_file() {
+                bail!("--powerinfer {}: no such file", p.display());
+            }
+        }
         let threads = match a.threads {
             Some(0) => bail!("--threads must be at least 1"),
             Some(t) => t,
@@ -66,6 +86,8 @@ impl SparseSettings {
             calibration_tokens: a.calibration_tokens,
             threads,
             powerinfer_linears: !a.candle_linears,
+            artifact: a.powerinfer.clone(),
+            predictor_sparsity: a.predictor_sparsity,
         })
     }
 
@@ -191,13 +213,80 @@ pub(crate) fn calibration_tokens(
     Ok((out, used))
 }
 
-/// Loads the sparse model and sets its thresholds (calibrated or fixed). Returns them.
-pub(crate) fn load_sparse(path: &Path, s: &SparseSettings) -> Result<(Loaded, Vec<f32>)> {
+/// The sparse model: exact thresholding (`GateFirst`) at per-layer `|h|` thresholds, and with an
+/// artifact also its trained predictors (the default when one is given).
+pub(crate) struct Sparse {
+    /// Model and tokenizer.
+    pub m: Loaded,
+    /// Per-layer `|h|` thresholds (calibrated, fixed, or the artifact's).
+    pub thresholds: Vec<f32>,
+    /// The artifact, checked against the model file.
+    pub artifact: Option<Artifact>,
+    /// What the model runs now, for labels.
+    pub label: String,
+}
+
+impl Sparse {
+    /// Exact thresholding at `thresholds` (or at the artifact's `|h|` quantile for `sparsity`).
+    pub fn use_exact(&mut self, sparsity: Option<f64>) -> Result<()> {
+        let t = match (sparsity, &self.artifact) {
+            (None, _) => self.thresholds.clone(),
+            (Some(s), Some(a)) => a
+                .layers
+                .iter()
+                .map(|l| {
+                    powerinfer::Trained::threshold_for_sparsity(&l.h_quantiles, s)
+                        .with_context(|| format!("sparsity {s} outside the artifact's sweep"))
+                })
+                .collect::<Result<_>>()?,
+            (Some(_), None) => bail!("a sparsity sweep needs --powerinfer ARTIFACT"),
+        };
+        self.m.model.set_gate_first(&t)?;
+        self.label = match sparsity {
+            Some(s) => format!("exact |h| thresholds for {:.0}%", s * 100.0),
+            None => "exact |h| thresholds".into(),
+        };
+        Ok(())
+    }
+
+    /// The artifact's trained predictors (score thresholds for `sparsity`, or the stored ones).
+    pub fn use_trained(&mut self, sparsity: Option<f64>) -> Result<()> {
+        let a = self
+            .artifact
+            .as_ref()
+            .context("trained predictors need --powerinfer ARTIFACT")?;
+        self.m.model.use_artifact(a, sparsity)?;
+        self.label = match sparsity {
+            Some(s) => format!("trained predictors at {:.0}%", s * 100.0),
+            None => format!(
+                "trained predictors (recall {:.2})",
+                a.meta.calibration.target_recall
+            ),
+        };
+        Ok(())
+    }
+}
+
+/// Loads the sparse model. Without an artifact: `GateFirst` at calibrated (or fixed) per-layer
+/// thresholds. With one: checked against the model file's hash, its trained predictors and
+/// placement installed.
+pub(crate) fn load_sparse(path: &Path, s: &SparseSettings) -> Result<Sparse> {
     let mut m = load(path, &s.mode())?;
     let layers = m.model.config().layers;
-    let thresholds = match s.threshold {
-        Some(t) => vec![t; layers],
-        None => {
+    let artifact = match &s.artifact {
+        Some(p) => {
+            let pb = spinner(format!("reading {} and hashing the model", p.display()));
+            let a = Artifact::load(p)?;
+            a.check_model(&model_sha256(path)?)?;
+            pb.finish_and_clear();
+            Some(a)
+        }
+        None => None,
+    };
+    let thresholds = match (s.threshold, &artifact) {
+        (Some(t), _) => vec![t; layers],
+        (None, Some(a)) => a.meta.layers.iter().map(|l| l.h_threshold).collect(),
+        (None, None) => {
             let calib = corpus_tokens(&m.tok, 1790..=1999, s.calibration_tokens)?;
             let pb = spinner(format!(
                 "calibrating per-layer thresholds for {:.0}% sparsity on {} tokens",
@@ -209,9 +298,26 @@ pub(crate) fn load_sparse(path: &Path, s: &SparseSettings) -> Result<(Loaded, Ve
             t
         }
     };
-    m.model.set_gate_first(&thresholds)?;
     tracing::info!(?thresholds, "per-layer |h| thresholds");
-    Ok((m, thresholds))
+    let mut sp = Sparse {
+        m,
+        thresholds,
+        artifact,
+        label: String::new(),
+    };
+    if sp.artifact.is_some() {
+        sp.use_trained(s.predictor_sparsity)?;
+    } else {
+        sp.use_exact(None)?;
+        sp.label = match s.threshold {
+            Some(t) => format!("|h| > {t}"),
+            None => format!(
+                "per-layer |h| thresholds for {:.0}% sparsity",
+                s.sparsity * 100.0
+            ),
+        };
+    }
+    Ok(sp)
 }
 
 /// SmolLM2's chat template (ChatML) around one user message.

@@ -27,16 +27,11 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     let d = run_one(&mut dense, &prompt, a.max_tokens, "dense FFN (candle)")?;
     drop(dense);
 
-    let (mut sparse, thresholds) = load_sparse(&path, &settings)?;
+    let mut sp = load_sparse(&path, &settings)?;
+    let label = format!("sparse FFN (powerinfer, {})", sp.label);
+    let sparse = &mut sp.m;
     sparse.model.enable_ffn_stats();
-    let label = match settings.threshold {
-        Some(t) => format!("sparse FFN (powerinfer, |h| > {t})"),
-        None => format!(
-            "sparse FFN (powerinfer, per-layer thresholds for {:.0}% sparsity)",
-            settings.sparsity * 100.0
-        ),
-    };
-    let s = run_one(&mut sparse, &prompt, a.max_tokens, &label)?;
+    let s = run_one(sparse, &prompt, a.max_tokens, &label)?;
     let realized = mean_sparsity(&mut sparse.model);
 
     let same = d
@@ -59,13 +54,12 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
         d.decode_tps()
     );
     println!(
-        "sparse: {:>3} tokens, prompt {:>7.1} tok/s, decode {:>6.1} tok/s, realized FFN sparsity {:.1}% (thresholds {:.3}..{:.3})",
+        "sparse: {:>3} tokens, prompt {:>7.1} tok/s, decode {:>6.1} tok/s, realized FFN sparsity {:.1}% ({})",
         s.tokens.len(),
         s.prompt_tps(),
         s.decode_tps(),
         realized * 100.0,
-        thresholds.iter().copied().fold(f32::INFINITY, f32::min),
-        thresholds.iter().copied().fold(0.0, f32::max),
+        sp.label,
     );
     println!(
         "agreement: {same} of {} generated tokens equal, first {prefix} identical",

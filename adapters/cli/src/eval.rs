@@ -1,16 +1,43 @@
-//! `powerinfer eval`: perplexity on held-out text, dense and sparse, with realized sparsity.
+//! `powerinfer eval`: perplexity on held-out text, dense and sparse, with realized sparsity; with
+//! an artifact also the trained predictors' per-layer recall, precision, captured activation mass
+//! and cost, and a sparsity sweep with its picture.
 
 use anyhow::{bail, Result};
+use powerinfer::PredictorAudit;
 use powerinfer_candle::FfnMode;
+use serde_json::json;
 
-use crate::common::{corpus_tokens, load, load_sparse, mean, model_path, spinner, SparseSettings};
+use crate::analyze::picture_stem;
+use crate::common::{
+    corpus_tokens, load, load_sparse, mean, model_path, spinner, Sparse, SparseSettings,
+};
+use crate::plots::{sparsity_perplexity, Series};
 use crate::EvalArgs;
+
+/// Perplexity of the sparse model as configured now, and its realized sparsity per layer.
+fn sparse_run(sp: &mut Sparse, text: &[u32], ctx: usize) -> Result<(f64, Vec<f64>)> {
+    let pb = spinner(format!("perplexity: {}", sp.label));
+    sp.m.model.enable_ffn_stats();
+    let ppl = sp.m.model.perplexity(text, ctx)?;
+    pb.finish_and_clear();
+    let per_layer =
+        sp.m.model
+            .take_ffn_sparsity()
+            .into_iter()
+            .flatten()
+            .collect();
+    Ok((ppl, per_layer))
+}
 
 pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     if a.ctx < 2 || a.tokens < 2 {
         bail!("--ctx and --tokens must be at least 2");
     }
+    let sweep = parse_sweep(&a.sweep)?;
     let settings = SparseSettings::from_args(&a.model)?;
+    if !sweep.is_empty() && settings.artifact.is_none() {
+        bail!("--sweep needs --powerinfer ARTIFACT (its quantiles set each point's thresholds)");
+    }
     let path = model_path(&a.model.model)?;
     let mut dense = load(&path, &FfnMode::Dense)?;
     let text = corpus_tokens(&dense.tok, 2000..=2021, a.tokens)?;
@@ -21,45 +48,181 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     let ppl_dense = dense.model.perplexity(&text, a.ctx)?;
     pb.finish_and_clear();
     drop(dense);
-
-    let (mut sparse, thresholds) = load_sparse(&path, &settings)?;
-    sparse.model.enable_ffn_stats();
-    let pb = spinner("sparse perplexity");
-    let ppl_sparse = sparse.model.perplexity(&text, a.ctx)?;
-    pb.finish_and_clear();
-    let per_layer: Vec<f64> = sparse
-        .model
-        .take_ffn_sparsity()
-        .into_iter()
-        .flatten()
-        .collect();
-
     println!(
         "held-out: State of the Union 2000-2021, {} tokens, context {}",
         text.len(),
         a.ctx
     );
-    println!("dense  perplexity {ppl_dense:.3}");
-    println!(
-        "sparse perplexity {ppl_sparse:.3} ({:+.2}%), realized FFN sparsity {:.1}% (target {})",
-        (ppl_sparse / ppl_dense - 1.0) * 100.0,
-        mean(&per_layer) * 100.0,
-        match settings.threshold {
-            Some(t) => format!("fixed threshold {t}"),
-            None => format!("{:.0}%", settings.sparsity * 100.0),
+    println!("dense perplexity {ppl_dense:.3}");
+    let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
+
+    let mut sp = load_sparse(&path, &settings)?;
+    if sp.artifact.is_none() {
+        let (ppl, per_layer) = sparse_run(&mut sp, &text, a.ctx)?;
+        println!(
+            "sparse perplexity {ppl:.3} ({:+.2}%), realized FFN sparsity {:.1}% ({})",
+            rel(ppl),
+            mean(&per_layer) * 100.0,
+            sp.label
+        );
+        println!("layer  sparsity  threshold");
+        for (l, (s, t)) in per_layer.iter().zip(&sp.thresholds).enumerate() {
+            println!("{l:>5}  {:>7.1}%  {t:>9.4}", s * 100.0);
         }
+        println!(
+            "{}",
+            json!({
+                "tokens": text.len(), "ctx": a.ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl,
+                "target_sparsity": settings.threshold.is_none().then_some(settings.sparsity),
+                "sparsity_per_layer": per_layer, "thresholds": sp.thresholds,
+            })
+        );
+        return Ok(());
+    }
+
+    // Exact thresholding at the artifact's |h| thresholds: the quality ceiling of any predictor.
+    sp.use_exact(None)?;
+    let (ppl_exact, exact_layers) = sparse_run(&mut sp, &text, a.ctx)?;
+    // The trained predictors, audited against the exact sets on the same held-out text.
+    sp.use_trained(settings.predictor_sparsity)?;
+    sp.m.model.enable_audit(&sp.thresholds)?;
+    let (ppl_pred, _) = sparse_run(&mut sp, &text, a.ctx)?;
+    let audits: Vec<PredictorAudit> = sp.m.model.take_audit().into_iter().flatten().collect();
+    let costs = predictor_costs(&sp);
+    let realized = |v: &[PredictorAudit]| mean(&v.iter().map(|x| x.sparsity()).collect::<Vec<_>>());
+    println!(
+        "exact thresholding  perplexity {ppl_exact:.3} ({:+.2}%), realized FFN sparsity {:.1}%",
+        rel(ppl_exact),
+        mean(&exact_layers) * 100.0
     );
-    println!("layer  sparsity  threshold");
-    for (l, (s, t)) in per_layer.iter().zip(&thresholds).enumerate() {
-        println!("{l:>5}  {:>7.1}%  {t:>9.4}", s * 100.0);
+    println!(
+        "trained predictors  perplexity {ppl_pred:.3} ({:+.2}%), realized FFN sparsity {:.1}% ({})",
+        rel(ppl_pred),
+        realized(&audits) * 100.0,
+        sp.label
+    );
+    println!("layer  sparsity  recall  precision  mass kept  predictor KiB  us/call");
+    for (l, (x, bytes)) in audits.iter().zip(&costs).enumerate() {
+        println!(
+            "{l:>5}  {:>7.1}%  {:>6.3}  {:>9.3}  {:>8.1}%  {:>13.1}  {:>7.1}",
+            x.sparsity() * 100.0,
+            x.recall(),
+            x.precision(),
+            x.mass_captured() * 100.0,
+            *bytes as f64 / 1024.0,
+            x.predict_time.as_secs_f64() * 1e6 / x.calls.max(1) as f64
+        );
+    }
+    let min_recall = audits.iter().map(|x| x.recall()).fold(1.0, f64::min);
+    println!(
+        "recall of above-threshold neurons: min {min_recall:.3}, mean {:.3} over {} layers",
+        mean(&audits.iter().map(|x| x.recall()).collect::<Vec<_>>()),
+        audits.len()
+    );
+
+    // The sweep: exact and trained at each target sparsity, from the artifact's quantiles.
+    let (mut exact_pts, mut pred_pts) = (Vec::new(), Vec::new());
+    for &s in &sweep {
+        sp.use_exact(Some(s))?;
+        let (p, layers) = sparse_run(&mut sp, &text, a.ctx)?;
+        exact_pts.push((mean(&layers), p));
+        sp.use_trained(Some(s))?;
+        let (q, layers) = sparse_run(&mut sp, &text, a.ctx)?;
+        pred_pts.push((mean(&layers), q));
+        println!(
+            "sweep {:>3.0}%: exact {p:.3} ({:+.2}%, realized {:.1}%), trained {q:.3} ({:+.2}%, realized {:.1}%)",
+            s * 100.0,
+            rel(p),
+            exact_pts.last().map_or(0.0, |x| x.0) * 100.0,
+            rel(q),
+            pred_pts.last().map_or(0.0, |x| x.0) * 100.0,
+        );
+    }
+    let mut pictures = Vec::new();
+    if !sweep.is_empty() {
+        let artifact = settings.artifact.as_deref().unwrap_or(path.as_path());
+        let (dir, stem) = picture_stem(artifact);
+        let series = [
+            Series {
+                name: "exact |h| thresholding".into(),
+                points: exact_pts.clone(),
+            },
+            Series {
+                name: "trained predictors".into(),
+                points: pred_pts.clone(),
+            },
+        ];
+        pictures = sparsity_perplexity(
+            &dir,
+            &format!("{stem}.sweep"),
+            &format!(
+                "FFN sparsity vs perplexity ({} held-out tokens)",
+                text.len()
+            ),
+            ppl_dense,
+            &series,
+        )?;
+        println!(
+            "pictures: {}",
+            pictures
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     println!(
         "{}",
-        serde_json::json!({
-            "tokens": text.len(), "ctx": a.ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl_sparse,
-            "target_sparsity": settings.threshold.is_none().then_some(settings.sparsity),
-            "sparsity_per_layer": per_layer, "thresholds": thresholds,
+        json!({
+            "tokens": text.len(), "ctx": a.ctx, "ppl_dense": ppl_dense,
+            "exact": {"ppl": ppl_exact, "sparsity_per_layer": exact_layers},
+            "trained": {
+                "ppl": ppl_pred,
+                "sparsity_per_layer": audits.iter().map(|x| x.sparsity()).collect::<Vec<_>>(),
+                "recall": audits.iter().map(|x| x.recall()).collect::<Vec<_>>(),
+                "precision": audits.iter().map(|x| x.precision()).collect::<Vec<_>>(),
+                "mass_captured": audits.iter().map(|x| x.mass_captured()).collect::<Vec<_>>(),
+                "predictor_bytes": costs,
+                "predict_us_per_call": audits.iter().map(|x| x.predict_time.as_secs_f64() * 1e6 / x.calls.max(1) as f64).collect::<Vec<_>>(),
+            },
+            "sweep": sweep.iter().zip(exact_pts.iter().zip(&pred_pts)).map(|(s, (e, p))| json!({
+                "target": s, "exact": {"sparsity": e.0, "ppl": e.1}, "trained": {"sparsity": p.0, "ppl": p.1},
+            })).collect::<Vec<_>>(),
+            "pictures": pictures,
         })
     );
     Ok(())
+}
+
+/// Bytes of each layer's predictor.
+fn predictor_costs(sp: &Sparse) -> Vec<usize> {
+    sp.m.model
+        .ffns()
+        .filter_map(|f| match f {
+            powerinfer_candle::Ffn::Hybrid(h) => Some(h.predictor().weight_bytes()),
+            powerinfer_candle::Ffn::Dense(_) => None,
+        })
+        .collect()
+}
+
+/// `--sweep 0.2,0.3,...`: target sparsities in `[0, QUANTILE_MAX]`.
+fn parse_sweep(s: &Option<String>) -> Result<Vec<f64>> {
+    let Some(s) = s else {
+        return Ok(Vec::new());
+    };
+    s.split(',')
+        .map(|p| {
+            let v: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--sweep {s}: `{p}` is not a number"))?;
+            if !(0.0..=powerinfer::QUANTILE_MAX).contains(&v) {
+                bail!(
+                    "--sweep {s}: {v} is outside [0, {}]",
+                    powerinfer::QUANTILE_MAX
+                );
+            }
+            Ok(v)
+        })
+        .collect()
 }

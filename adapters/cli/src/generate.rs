@@ -21,7 +21,7 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
     let settings = SparseSettings::from_args(&a.model)?;
     let path = model_path(&a.model.model)?;
     let mut m = if a.sparse {
-        load_sparse(&path, &settings)?.0
+        load_sparse(&path, &settings)?.m
     } else {
         load(&path, &FfnMode::Dense)?
     };

@@ -131,6 +131,14 @@ pub struct ModelArgs {
     /// run through powerinfer's quantized kernels too).
     #[arg(long)]
     pub candle_linears: bool,
+    /// A `.powerinfer` artifact from `powerinfer analyze`: the sparse mode then uses its trained
+    /// predictors and placement (and its `|h|` thresholds for exact thresholding).
+    #[arg(long, value_name = "ARTIFACT")]
+    pub powerinfer: Option<PathBuf>,
+    /// With `--powerinfer`: set the predictors' score thresholds for this FFN sparsity (from the
+    /// artifact's validation quantiles) instead of its target-recall thresholds.
+    #[arg(long)]
+    pub predictor_sparsity: Option<f64>,
 }
 
 /// `demo` flags.
@@ -205,6 +213,11 @@ pub struct EvalArgs {
     /// Context window per scored chunk.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
+    /// With `--powerinfer`: target sparsities (e.g. `0.2,0.3,0.4,0.5,0.6`) at which to measure
+    /// exact thresholding and the trained predictors; draws the sparsity-perplexity picture next
+    /// to the artifact.
+    #[arg(long)]
+    pub sweep: Option<String>,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,

@@ -126,3 +126,125 @@ fn generate_streams_real_text() {
     );
     assert!(err.contains("tok/s"), "{err}");
 }
+
+#[test]
+fn analyze_then_use_the_artifact() {
+    let d = temp("analyze");
+    let art = d.join("small.powerinfer");
+    let a = art.to_str().unwrap();
+    let (ok, out, err) = powerinfer(&[
+        "analyze",
+        "--tokens",
+        "1536",
+        "--threshold-tokens",
+        "512",
+        "--train-rows",
+        "384",
+        "--val-rows",
+        "128",
+        "--epochs",
+        "1",
+        "--rank",
+        "8",
+        "--ctx",
+        "256",
+        "--budget",
+        "8M",
+        "--out",
+        a,
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("wrote") && out.contains("val recall"), "{out}");
+    for pic in ["frequency", "heatmap", "placement"] {
+        for ext in ["png", "svg"] {
+            let p = d.join(format!("small.{pic}.{ext}"));
+            assert!(
+                std::fs::metadata(&p).is_ok_and(|m| m.len() > 100),
+                "{p:?} missing"
+            );
+        }
+    }
+    let artifact = powerinfer::Artifact::load(&art).unwrap();
+    assert_eq!(artifact.layers.len(), 30);
+    assert!(artifact.meta.hot_bytes + artifact.meta.predictor_bytes <= 8 << 20);
+    assert_eq!(artifact.meta.calibration.tokens, 1536);
+
+    // eval: dense, exact, trained (audited) and a one-point sweep with its picture.
+    let (ok, out, err) = powerinfer(&[
+        "eval",
+        "--tokens",
+        "200",
+        "--ctx",
+        "100",
+        "--powerinfer",
+        a,
+        "--sweep",
+        "0.3",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("trained predictors") && out.contains("recall") && out.contains("sweep  30%"),
+        "{out}"
+    );
+    assert!(d.join("small.sweep.png").exists() && d.join("small.sweep.svg").exists());
+    let json: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let recall = json["trained"]["recall"].as_array().unwrap();
+    assert_eq!(recall.len(), 30);
+    assert!(recall
+        .iter()
+        .all(|r| (0.0..=1.0).contains(&r.as_f64().unwrap())));
+
+    // bench has a row for the trained predictors next to exact thresholding.
+    let (ok, out, err) = powerinfer(&[
+        "bench",
+        "--prompt-tokens",
+        "8",
+        "--decode-tokens",
+        "2",
+        "--runs",
+        "1",
+        "--powerinfer",
+        a,
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"mode\":\"trained\""), "{out}");
+
+    // A different model file (one byte changed) refuses the artifact.
+    let src = powerinfer_candle::fetch::smollm2(&mut |_| ()).unwrap();
+    let mut bytes = std::fs::read(&src).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    let other = d.join("other.gguf");
+    std::fs::write(&other, &bytes).unwrap();
+    fails_with(
+        &[
+            "generate",
+            "--prompt",
+            "hi",
+            "--sparse",
+            "--model",
+            other.to_str().unwrap(),
+            "--powerinfer",
+            a,
+        ],
+        "the artifact was made for",
+    );
+    // A truncated artifact is a clear error.
+    let half = d.join("half.powerinfer");
+    let full = std::fs::read(&art).unwrap();
+    std::fs::write(&half, &full[..full.len() / 2]).unwrap();
+    fails_with(
+        &[
+            "generate",
+            "--prompt",
+            "hi",
+            "--sparse",
+            "--powerinfer",
+            half.to_str().unwrap(),
+        ],
+        "not a valid safetensors file",
+    );
+    fails_with(&["analyze", "--budget", "0"], "--budget 0");
+    fails_with(&["analyze", "--budget", "12Q"], "--budget 12Q");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -1,0 +1,165 @@
+//! The `.powerinfer` artifact: round trip, model mismatch, truncated and corrupted files.
+
+use half::f16;
+use powerinfer::{
+    Artifact, ArtifactMeta, CalibrationSummary, ErrorKind, LayerMeta, LayerTensors, QUANTILE_STEPS,
+};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+const SHA: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+fn sample(layers: usize, hidden: usize, n: usize, rank: usize) -> Artifact {
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut v = |k: usize| -> Vec<f32> { (0..k).map(|_| rng.random_range(-1.0..1.0)).collect() };
+    let tensors: Vec<LayerTensors> = (0..layers)
+        .map(|l| LayerTensors {
+            fc1: v(rank * hidden).into_iter().map(f16::from_f32).collect(),
+            fc2: v(n * rank).into_iter().map(f16::from_f32).collect(),
+            fc2_bias: v(n),
+            hot: (0..n as u32).filter(|i| (i + l as u32) % 3 == 0).collect(),
+            counts: (0..n as u32).map(|i| i * 7 + l as u32).collect(),
+            score_quantiles: (0..=QUANTILE_STEPS).map(|k| k as f32 * 0.1).collect(),
+            h_quantiles: (0..=QUANTILE_STEPS).map(|k| k as f32 * 0.01).collect(),
+        })
+        .collect();
+    let meta = ArtifactMeta {
+        model_sha256: SHA.into(),
+        model_file: "model.gguf".into(),
+        budget: 1 << 30,
+        hot_bytes: 1000,
+        predictor_bytes: 2000,
+        calibration: CalibrationSummary {
+            sources: vec!["1999.txt".into(), "1998.txt".into()],
+            tokens: 12345,
+            threshold_tokens: 1000,
+            train_rows: 100,
+            val_rows: 20,
+            target_sparsity: 0.4,
+            target_recall: 0.9,
+            rank,
+            epochs: 3,
+            seconds: 12.5,
+        },
+        layers: (0..layers)
+            .map(|l| LayerMeta {
+                hidden,
+                intermediate: n,
+                activation: "silu".into(),
+                gated: true,
+                h_threshold: 0.01 * l as f32,
+                rank,
+                score_threshold: -0.5 + l as f32,
+                val_recall: 0.91,
+                val_precision: 0.7,
+                val_predicted: 0.8,
+                val_truth: 0.6,
+            })
+            .collect(),
+    };
+    Artifact {
+        meta,
+        layers: tensors,
+    }
+}
+
+fn temp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("powerinfer-artifact-{name}-{}", std::process::id()))
+}
+
+fn artifact_error(path: &std::path::Path) -> String {
+    let e = Artifact::load(path).unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::Artifact { .. }),
+        "expected an Artifact error, got {e:?}"
+    );
+    e.to_string()
+}
+
+#[test]
+fn round_trip_is_identical() {
+    let a = sample(3, 64, 96, 8);
+    let p = temp("roundtrip");
+    a.save(&p).unwrap();
+    let b = Artifact::load(&p).unwrap();
+    assert_eq!(a, b);
+    // The predictor and placement it yields are usable.
+    let pred = b.predictor(1, None).unwrap();
+    assert_eq!(pred.dims(), (64, 96));
+    assert_eq!(pred.threshold(), 0.5);
+    assert_eq!(b.placement(2).unwrap().hot(), a.layers[2].hot.as_slice());
+    std::fs::remove_file(p).unwrap();
+}
+
+#[test]
+fn another_models_artifact_is_refused() {
+    let a = sample(1, 32, 32, 4);
+    a.check_model(SHA).unwrap();
+    a.check_model(&SHA.to_uppercase()).unwrap();
+    let other = "0".repeat(64);
+    let e = a.check_model(&other).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::ArtifactMismatch { .. }));
+    let msg = e.to_string();
+    assert!(msg.contains("model.gguf") && msg.contains(&other), "{msg}");
+}
+
+#[test]
+fn truncated_and_corrupted_files_are_typed_errors() {
+    let a = sample(2, 32, 64, 4);
+    let p = temp("good");
+    a.save(&p).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    let bad = temp("bad");
+    // Every truncation point, coarsely: a typed error, never a panic.
+    for cut in (0..bytes.len()).step_by(97).chain([bytes.len() - 1]) {
+        std::fs::write(&bad, &bytes[..cut]).unwrap();
+        artifact_error(&bad);
+    }
+    // Flipped bytes anywhere (header included): an error or an equal-shaped artifact, no panic.
+    let mut rng = StdRng::seed_from_u64(3);
+    for _ in 0..200 {
+        let mut b = bytes.clone();
+        let i = rng.random_range(0..b.len());
+        b[i] ^= 1 << rng.random_range(0..8);
+        std::fs::write(&bad, &b).unwrap();
+        if let Err(e) = Artifact::load(&bad) {
+            assert!(matches!(e.kind(), ErrorKind::Artifact { .. }), "{e:?}");
+        }
+    }
+    // Not a safetensors file at all, or one without our metadata.
+    std::fs::write(&bad, b"hello").unwrap();
+    assert!(artifact_error(&bad).contains("safetensors"));
+    let missing = temp("missing");
+    let e = Artifact::load(&missing).unwrap_err();
+    assert!(e.to_string().contains("reading"), "{e}");
+    std::fs::remove_file(p).unwrap();
+    std::fs::remove_file(bad).unwrap();
+}
+
+#[test]
+fn inconsistent_artifacts_are_not_written() {
+    let p = temp("inconsistent");
+    // NaN in a predictor weight.
+    let mut a = sample(1, 32, 32, 4);
+    a.layers[0].fc1[3] = f16::NAN;
+    assert!(matches!(
+        a.save(&p).unwrap_err().kind(),
+        ErrorKind::Artifact { .. }
+    ));
+    // A hot neuron out of range.
+    let mut a = sample(1, 32, 32, 4);
+    a.layers[0].hot.push(32);
+    assert!(a.save(&p).unwrap_err().to_string().contains("32"));
+    // Tensors that disagree with the metadata.
+    let mut a = sample(2, 32, 32, 4);
+    a.layers[1].fc2.pop();
+    assert!(a.save(&p).unwrap_err().to_string().contains("layer 1"));
+    // More bytes placed than the budget allows.
+    let mut a = sample(1, 32, 32, 4);
+    a.meta.budget = 10;
+    assert!(a.save(&p).unwrap_err().to_string().contains("budget"));
+    // An unknown activation.
+    let mut a = sample(1, 32, 32, 4);
+    a.meta.layers[0].activation = "swish9".into();
+    assert!(a.save(&p).unwrap_err().to_string().contains("swish9"));
+    assert!(!p.exists());
+}
