@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use candle_core::{DType, Tensor};
 
-use crate::cpu::{Kernels, Pool};
+use crate::cpu::{share, Kernels, Pool};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{BundleData, NeuronBundles};
 
@@ -420,12 +420,17 @@ impl Predictor for GateFirst {
     }
 }
 
+/// Multiply-adds below which `LowRank` runs on the calling thread alone.
+const SERIAL_WORK: usize = 1 << 18;
+
 /// A low-rank predictor `score = fc2 relu(fc1 x) + b`; neuron `i` is active when
 /// `score_i >= threshold`. Skips all rows (gate, up, down) of neurons it leaves out. Weights are
 /// held in f16 (the predictor's bytes count against the fast tier), computed in f32.
 pub struct LowRank {
     fc1: Vec<half::f16>,
-    fc2: Vec<half::f16>,
+    /// `fc2` transposed, `[rank, intermediate]`: the score is a sum of `rank` scaled rows, so the
+    /// ReLU zeros of the bottleneck skip whole rows.
+    fc2t: Vec<half::f16>,
     bias: Option<Vec<f32>>,
     rank: usize,
     hidden: usize,
@@ -479,9 +484,13 @@ impl LowRank {
         };
         check_threshold(threshold)?;
         let (n1, n2) = ("predictor.fc1.weight", "predictor.fc2.weight");
+        let fc2 = to_f16(&finite_f32(fc2, n2)?, n2)?;
+        let fc2t = (0..rank * intermediate)
+            .map(|q| fc2[(q % intermediate) * rank + q / intermediate])
+            .collect();
         Ok(LowRank {
             fc1: to_f16(&finite_f32(fc1, n1)?, n1)?,
-            fc2: to_f16(&finite_f32(fc2, n2)?, n2)?,
+            fc2t,
             bias: None,
             rank,
             hidden,
@@ -509,7 +518,7 @@ impl LowRank {
         check_threshold(threshold)?;
         Ok(LowRank {
             fc1: self.fc1.clone(),
-            fc2: self.fc2.clone(),
+            fc2t: self.fc2t.clone(),
             bias: self.bias.clone(),
             threshold,
             scratch: Mutex::new((Vec::new(), Vec::new(), Vec::new())),
@@ -558,9 +567,25 @@ impl Predictor for LowRank {
         let (z, zt, scores) = &mut *guard;
         z.clear();
         z.resize(rows * rank, 0.0);
-        let h = self.hidden;
-        // fc1 by bottleneck unit `j` (`z[j * rows + r]`), in parallel, then ReLU.
-        input.pool.run_chunks(z, rank, rows, &|range, part| {
+        let (h, n) = (self.hidden, self.intermediate);
+        // A decode-sized predictor (a few hundred thousand multiply-adds) runs on the calling
+        // thread: waking the pool twice would cost more than the work.
+        let parts = if rows * rank * (h + n) <= SERIAL_WORK {
+            1
+        } else {
+            input.pool.threads()
+        };
+        let run = |data: &mut [f32],
+                   items: usize,
+                   f: &(dyn Fn(std::ops::Range<usize>, &mut [f32]) + Sync)| {
+            if parts == 1 {
+                f(0..items, data);
+            } else {
+                input.pool.run_chunks(data, items, rows, f);
+            }
+        };
+        // fc1 by bottleneck unit `j` (`z[j * rows + r]`), then ReLU.
+        run(z, rank, &|range, part| {
             for (p, j) in range.enumerate() {
                 let w = &self.fc1[j * h..(j + 1) * h];
                 for r in 0..rows {
@@ -572,24 +597,33 @@ impl Predictor for LowRank {
         zt.clear();
         zt.extend((0..rows * rank).map(|q| z[(q % rank) * rows + q / rank]));
         let z: &[f32] = zt;
+        // fc2 by neuron range: thread `t` fills its share of neurons for every row, laid out
+        // `[r * len + p]` inside its part, as `bias + sum_j z_j fc2t_j` (rows of zero `z_j` skipped).
         scores.clear();
-        scores.resize(self.intermediate * rows, 0.0);
+        scores.resize(n * rows, 0.0);
         let bias = self.bias.as_deref();
-        input
-            .pool
-            .run_chunks(scores, self.intermediate, rows, &|range, part| {
-                for (p, i) in range.enumerate() {
-                    let w = &self.fc2[i * rank..(i + 1) * rank];
-                    let b = bias.map_or(0.0, |b| b[i]);
-                    for r in 0..rows {
-                        part[p * rows + r] = k.dot_f16(w, &z[r * rank..(r + 1) * rank]) + b;
+        run(scores, n, &|range, part| {
+            let len = range.len();
+            for (r, out) in part.chunks_exact_mut(len.max(1)).take(rows).enumerate() {
+                match bias {
+                    Some(b) => out.copy_from_slice(&b[range.clone()]),
+                    None => out.fill(0.0),
+                }
+                for (j, &a) in z[r * rank..(r + 1) * rank].iter().enumerate() {
+                    if a != 0.0 {
+                        k.axpy_f16(out, a, &self.fc2t[j * n + range.start..j * n + range.end]);
                     }
                 }
-            });
-        for i in 0..self.intermediate {
+            }
+        });
+        for t in 0..parts {
+            let range = share(n, t, parts);
+            let (len, base) = (range.len(), range.start * rows);
             for r in 0..rows {
-                if scores[i * rows + r] >= self.threshold {
-                    set.insert(r, i)?;
+                for (p, i) in range.clone().enumerate() {
+                    if scores[base + r * len + p] >= self.threshold {
+                        set.insert(r, i)?;
+                    }
                 }
             }
         }
@@ -597,6 +631,6 @@ impl Predictor for LowRank {
     }
 
     fn weight_bytes(&self) -> usize {
-        (self.fc1.len() + self.fc2.len()) * 2 + self.bias.as_ref().map_or(0, |b| b.len() * 4)
+        (self.fc1.len() + self.fc2t.len()) * 2 + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }
 }

@@ -375,3 +375,76 @@ proptest! {
         prop_assert!(e <= 1e-5, "{dtype:?} t={t}: rel err {e}");
     }
 }
+
+/// Naive `LowRank` scores in f64 on the f16-rounded weights it holds: `fc2 relu(fc1 x) + b`.
+fn low_rank_reference(fc1: &[f32], fc2: &[f32], b: &[f32], x: &[f32], rank: usize) -> Vec<f64> {
+    let r16 = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
+    let hidden = x.len();
+    let z: Vec<f64> = (0..rank)
+        .map(|j| {
+            (0..hidden)
+                .map(|k| r16(fc1[j * hidden + k]) * f64::from(x[k]))
+                .sum::<f64>()
+                .max(0.0)
+        })
+        .collect();
+    b.iter()
+        .enumerate()
+        .map(|(i, &bi)| {
+            f64::from(bi)
+                + (0..rank)
+                    .map(|j| r16(fc2[i * rank + j]) * z[j])
+                    .sum::<f64>()
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// `LowRank` (f16 weights, bias, pooled fc1 and axpy fc2) selects exactly the neurons the
+    /// naive reference scores at or above the threshold, for random shapes, rows and threads:
+    /// the FFN output equals the dense FFN masked by the reference's sets.
+    #[test]
+    fn low_rank_equals_naive_reference(
+        hidden in 1usize..48, inter in 1usize..140, rank in 1usize..12, rows in 1usize..6,
+        threads in 1usize..4, seed in 0u64..1000, t in -0.5f32..0.5,
+    ) {
+        let spec = FfnSpec::new(hidden, inter, Activation::Silu, true).unwrap();
+        let w = Weights::random(&spec, seed);
+        let mut rng = StdRng::seed_from_u64(seed + 1);
+        let (fc1, fc2) = (values(&mut rng, rank * hidden, 1.0), values(&mut rng, inter * rank, 1.0));
+        let bias = values(&mut rng, inter, 0.5);
+        let x = values(&mut rng, rows * hidden, 1.0);
+        let sets: Vec<Vec<f64>> = x
+            .chunks(hidden)
+            .map(|xr| low_rank_reference(&fc1, &fc2, &bias, xr, rank))
+            .collect();
+        // Skip draws with a score within rounding of the threshold (f32 vs f64 sums).
+        prop_assume!(sets.iter().flatten().all(|s| (s - f64::from(t)).abs() > 1e-3));
+        let dev = Device::Cpu;
+        let pred = LowRank::new(
+            &Tensor::from_slice(&fc1, (rank, hidden), &dev).unwrap(),
+            &Tensor::from_slice(&fc2, (inter, rank), &dev).unwrap(),
+            t,
+        )
+        .unwrap()
+        .with_bias(&Tensor::from_slice(&bias, inter, &dev).unwrap())
+        .unwrap();
+        let ffn = HybridFfn::from_weights(
+            spec,
+            w.view(),
+            WeightDType::F32,
+            HybridOptions { threads, ..Default::default() },
+        )
+        .unwrap()
+        .with_predictor(pred);
+        let xt = Tensor::from_vec(x, (rows, hidden), &dev).unwrap();
+        let y = ffn.forward(&xt).unwrap();
+        let mask: Vec<Vec<bool>> = sets
+            .iter()
+            .map(|s| s.iter().map(|&v| v >= f64::from(t)).collect())
+            .collect();
+        let r = masked_reference(&xt, &spec, ffn.bundles(), Some(&mask));
+        prop_assert!(rel_err(&y, &r) <= 1e-5, "{}", rel_err(&y, &r));
+    }
+}

@@ -101,7 +101,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         realized(&audits) * 100.0,
         sp.label
     );
-    println!("layer  sparsity  recall  precision  mass kept  predictor KiB  us/call");
+    println!("layer  sparsity  recall  precision  mass kept  predictor KiB  us/token");
     for (l, (x, bytes)) in audits.iter().zip(&costs).enumerate() {
         println!(
             "{l:>5}  {:>7.1}%  {:>6.3}  {:>9.3}  {:>8.1}%  {:>13.1}  {:>7.1}",
@@ -110,7 +110,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
             x.precision(),
             x.mass_captured() * 100.0,
             *bytes as f64 / 1024.0,
-            x.predict_time.as_secs_f64() * 1e6 / x.calls.max(1) as f64
+            x.predict_time.as_secs_f64() * 1e6 / x.tokens.max(1) as f64
         );
     }
     let min_recall = audits.iter().map(|x| x.recall()).fold(1.0, f64::min);
@@ -183,7 +183,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
                 "precision": audits.iter().map(|x| x.precision()).collect::<Vec<_>>(),
                 "mass_captured": audits.iter().map(|x| x.mass_captured()).collect::<Vec<_>>(),
                 "predictor_bytes": costs,
-                "predict_us_per_call": audits.iter().map(|x| x.predict_time.as_secs_f64() * 1e6 / x.calls.max(1) as f64).collect::<Vec<_>>(),
+                "predict_us_per_token": audits.iter().map(|x| x.predict_time.as_secs_f64() * 1e6 / x.tokens.max(1) as f64).collect::<Vec<_>>(),
             },
             "sweep": sweep.iter().zip(exact_pts.iter().zip(&pred_pts)).map(|(s, (e, p))| json!({
                 "target": s, "exact": {"sparsity": e.0, "ppl": e.1}, "trained": {"sparsity": p.0, "ppl": p.1},
