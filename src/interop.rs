@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::{gguf_file, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use crate::cpu::{Kernels, Pool};
 use crate::error::{Error, ErrorKind, Result};
 use crate::place::LayerPlacement;
 use crate::predict::{ActiveSet, LowRank, PredictInput, Predictor};
@@ -417,22 +416,16 @@ impl RowRms {
 ///
 /// A zero in `norm_weight` makes `u` unrecoverable and is rejected at construction.
 pub struct PreNormLowRank {
-    fc1: Vec<f32>,
-    fc2: Vec<f32>,
-    rank: usize,
-    hidden: usize,
-    intermediate: usize,
+    /// `fc1 diag(1 / norm_weight)` and `fc2`, scored as a plain `LowRank` on the normed input.
+    inner: LowRank,
     threshold: f32,
     rms: Option<RowRms>,
-    scratch: Mutex<(Vec<f32>, Vec<f32>)>,
 }
 
 impl std::fmt::Debug for PreNormLowRank {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PreNormLowRank")
-            .field("rank", &self.rank)
-            .field("hidden", &self.hidden)
-            .field("intermediate", &self.intermediate)
+            .field("inner", &self.inner)
             .field("threshold", &self.threshold)
             .field("row_rms", &self.rms.is_some())
             .finish()
@@ -445,8 +438,7 @@ impl PreNormLowRank {
     pub fn new(fc1: &Tensor, fc2: &Tensor, norm_weight: &Tensor, threshold: f32) -> Result<Self> {
         // LowRank checks shapes, dtypes, finiteness and the threshold the same way.
         let lr = LowRank::new(fc1, fc2, threshold)?;
-        let (hidden, intermediate) = lr.dims();
-        let rank = lr.rank();
+        let (hidden, _) = lr.dims();
         if norm_weight.dims() != [hidden] {
             return Err(Error::shape(
                 "ffn_norm.weight",
@@ -473,16 +465,11 @@ impl PreNormLowRank {
         if let Some(i) = f1.iter().position(|x| !x.is_finite()) {
             return Err(Error::non_finite("fc1.weight / ffn_norm.weight", i));
         }
-        let f2 = fc2.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let f1 = Tensor::from_vec(f1, (lr.rank(), hidden), &candle_core::Device::Cpu)?;
         Ok(PreNormLowRank {
-            fc1: f1,
-            fc2: f2,
-            rank,
-            hidden,
-            intermediate,
+            inner: LowRank::new(&f1, fc2, threshold)?,
             threshold,
             rms: None,
-            scratch: Mutex::new((Vec::new(), Vec::new())),
         })
     }
 
@@ -501,90 +488,46 @@ impl PreNormLowRank {
     pub fn needs_row_rms(&self) -> bool {
         self.threshold != 0.0
     }
-
-    fn scores(&self, x: &[f32], rows: usize, k: &Kernels, pool: &Pool, out: &mut Vec<f32>) {
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let (z, _) = &mut *guard;
-        let rank = self.rank;
-        z.clear();
-        z.resize(rows * rank, 0.0);
-        for r in 0..rows {
-            let xr = &x[r * self.hidden..(r + 1) * self.hidden];
-            for j in 0..rank {
-                let v = k.dot_f32(&self.fc1[j * self.hidden..(j + 1) * self.hidden], xr);
-                z[r * rank + j] = v.max(0.0);
-            }
-        }
-        out.clear();
-        out.resize(self.intermediate * rows, 0.0);
-        let z: &[f32] = z;
-        pool.run_chunks(out, self.intermediate, rows, &|range, part| {
-            for (p, i) in range.enumerate() {
-                let w = &self.fc2[i * rank..(i + 1) * rank];
-                for r in 0..rows {
-                    part[p * rows + r] = k.dot_f32(w, &z[r * rank..(r + 1) * rank]);
-                }
-            }
-        });
-    }
 }
 
 impl Predictor for PreNormLowRank {
     fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
-        if input.hidden != self.hidden || set.intermediate() != self.intermediate {
-            return Err(Error::shape(
-                "predictor (hidden, intermediate)",
-                &[Some(self.hidden), Some(self.intermediate)],
-                &[input.hidden, set.intermediate()],
-            ));
+        if self.threshold == 0.0 {
+            // rms(u) > 0 does not change the sign: exact without it.
+            return self.inner.score_rows(input, set, |set, r, i, s| {
+                if s >= 0.0 {
+                    set.insert(r, i)?;
+                }
+                Ok(())
+            });
         }
-        let rows = input.rows;
-        let mut scores =
-            std::mem::take(&mut self.scratch.lock().unwrap_or_else(|e| e.into_inner()).1);
-        self.scores(input.x, rows, input.kernels, input.pool, &mut scores);
-        let result = (|| -> Result<()> {
-            if self.threshold == 0.0 {
-                // rms(u) > 0 does not change the sign: exact without it.
-                for i in 0..self.intermediate {
-                    for r in 0..rows {
-                        if scores[i * rows + r] >= 0.0 {
-                            set.insert(r, i)?;
-                        }
-                    }
-                }
-                return Ok(());
+        let handle = self.rms.as_ref().ok_or_else(|| {
+            Error::config(
+                "row_rms",
+                "a non-zero PowerInfer threshold needs the pre-norm RMS of each row \
+                 (PreNormLowRank::with_row_rms)",
+            )
+        })?;
+        let rms = handle.0.lock().unwrap_or_else(|e| e.into_inner());
+        if rms.len() != input.rows {
+            return Err(ErrorKind::LayerCount {
+                what: "row_rms values per batch row".into(),
+                expected: input.rows,
+                got: rms.len(),
             }
-            let handle = self.rms.as_ref().ok_or_else(|| {
-                Error::config(
-                    "row_rms",
-                    "a non-zero PowerInfer threshold needs the pre-norm RMS of each row \
-                     (PreNormLowRank::with_row_rms)",
-                )
-            })?;
-            let rms = handle.0.lock().unwrap_or_else(|e| e.into_inner());
-            if rms.len() != rows {
-                return Err(ErrorKind::LayerCount {
-                    what: "row_rms values per batch row".into(),
-                    expected: rows,
-                    got: rms.len(),
-                }
-                .into());
-            }
-            for i in 0..self.intermediate {
-                for r in 0..rows {
-                    if rms[r] * scores[i * rows + r] >= self.threshold {
-                        set.insert(r, i)?;
-                    }
-                }
+            .into());
+        }
+        let t = self.threshold;
+        self.inner.score_rows(input, set, |set, r, i, s| {
+            if rms[r] * s >= t {
+                set.insert(r, i)?;
             }
             Ok(())
-        })();
-        self.scratch.lock().unwrap_or_else(|e| e.into_inner()).1 = scores;
-        result
+        })
     }
 
     fn weight_bytes(&self) -> usize {
-        (self.fc1.len() + self.fc2.len()) * 4
+        self.inner.weight_bytes()
     }
 }
 

@@ -553,8 +553,15 @@ fn check_threshold(threshold: f32) -> Result<()> {
     }
 }
 
-impl Predictor for LowRank {
-    fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
+impl LowRank {
+    /// Computes every (row, neuron) score `fc2 relu(fc1 x) + b` of `input` and hands each to
+    /// `keep(set, row, neuron, score)`. Shared by `LowRank` and PowerInfer's pre-norm predictor.
+    pub(crate) fn score_rows(
+        &self,
+        input: &PredictInput<'_>,
+        set: &mut ActiveSet,
+        mut keep: impl FnMut(&mut ActiveSet, usize, usize, f32) -> Result<()>,
+    ) -> Result<()> {
         if input.hidden != self.hidden || set.intermediate() != self.intermediate {
             return Err(Error::shape(
                 "predictor (hidden, intermediate)",
@@ -597,8 +604,8 @@ impl Predictor for LowRank {
         zt.clear();
         zt.extend((0..rows * rank).map(|q| z[(q % rank) * rows + q / rank]));
         let z: &[f32] = zt;
-        // fc2 by neuron range: thread `t` fills its share of neurons for every row, laid out
-        // `[r * len + p]` inside its part, as `bias + sum_j z_j fc2t_j` (rows of zero `z_j` skipped).
+        // fc2 by neuron range: part `t` holds its share of neurons for every row, laid out
+        // `[r * len + p]`, as `bias + sum_j z_j fc2t_j` (rows of zero `z_j` skipped).
         scores.clear();
         scores.resize(n * rows, 0.0);
         let bias = self.bias.as_deref();
@@ -621,13 +628,23 @@ impl Predictor for LowRank {
             let (len, base) = (range.len(), range.start * rows);
             for r in 0..rows {
                 for (p, i) in range.clone().enumerate() {
-                    if scores[base + r * len + p] >= self.threshold {
-                        set.insert(r, i)?;
-                    }
+                    keep(set, r, i, scores[base + r * len + p])?;
                 }
             }
         }
         Ok(())
+    }
+}
+
+impl Predictor for LowRank {
+    fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
+        let t = self.threshold;
+        self.score_rows(input, set, |set, r, i, s| {
+            if s >= t {
+                set.insert(r, i)?;
+            }
+            Ok(())
+        })
     }
 
     fn weight_bytes(&self) -> usize {

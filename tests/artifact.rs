@@ -16,7 +16,9 @@ fn sample(layers: usize, hidden: usize, n: usize, rank: usize) -> Artifact {
             fc1: v(rank * hidden).into_iter().map(f16::from_f32).collect(),
             fc2: v(n * rank).into_iter().map(f16::from_f32).collect(),
             fc2_bias: v(n),
-            hot: (0..n as u32).filter(|i| (i + l as u32) % 3 == 0).collect(),
+            hot: (0..n as u32)
+                .filter(|i| (i + l as u32).is_multiple_of(3))
+                .collect(),
             counts: (0..n as u32).map(|i| i * 7 + l as u32).collect(),
             score_quantiles: (0..=QUANTILE_STEPS).map(|k| k as f32 * 0.1).collect(),
             h_quantiles: (0..=QUANTILE_STEPS).map(|k| k as f32 * 0.01).collect(),
