@@ -85,6 +85,9 @@ pub struct LayerMeta {
     pub val_predicted: f64,
     /// Validation share of pairs truly active.
     pub val_truth: f64,
+    /// Validation share of the activation mass `sum |h|` the predicted pairs carry.
+    #[serde(default)]
+    pub val_mass: f64,
 }
 
 /// The metadata of an artifact (stored as JSON).

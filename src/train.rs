@@ -260,6 +260,8 @@ pub struct Trained {
     /// Score thresholds giving sparsity `k / QUANTILE_STEPS * QUANTILE_MAX` on the validation
     /// rows, `k = 0..=QUANTILE_STEPS`.
     pub quantiles: Vec<f32>,
+    /// Share of the validation activation mass `sum |h|` kept at each of `quantiles`.
+    pub mass_kept: Vec<f64>,
     /// Mean training loss of each epoch.
     pub losses: Vec<f64>,
 }
@@ -422,6 +424,7 @@ pub fn train_low_rank(
         threshold: 0.0,
         quality: PredictorQuality::default(),
         quantiles: Vec::new(),
+        mass_kept: Vec::new(),
         losses,
     };
     let round =
@@ -465,17 +468,27 @@ pub fn train_low_rank(
             .map(|&m| f64::from(m))
             .sum::<f64>()
             .max(f64::MIN_POSITIVE);
-    all.sort_by(f32::total_cmp);
-    let quantiles = (0..=QUANTILE_STEPS)
-        .map(|k| {
-            let q = k as f64 / QUANTILE_STEPS as f64 * QUANTILE_MAX;
-            all[((q * all.len() as f64) as usize).min(all.len() - 1)]
-        })
+    // Scores ascending with their masses: the mass kept above each quantile is a suffix sum.
+    let mut pairs: Vec<(f32, f32)> = all.into_iter().zip(mass).collect();
+    pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = pairs.iter().map(|p| f64::from(p.1)).sum();
+    let mut suffix = vec![0f64; pairs.len() + 1];
+    for k in (0..pairs.len()).rev() {
+        suffix[k] = suffix[k + 1] + f64::from(pairs[k].1);
+    }
+    let at = |k: usize| {
+        let q = k as f64 / QUANTILE_STEPS as f64 * QUANTILE_MAX;
+        ((q * pairs.len() as f64) as usize).min(pairs.len() - 1)
+    };
+    let quantiles = (0..=QUANTILE_STEPS).map(|k| pairs[at(k)].0).collect();
+    let mass_kept = (0..=QUANTILE_STEPS)
+        .map(|k| suffix[at(k)] / total.max(f64::MIN_POSITIVE))
         .collect();
     Ok(Trained {
         threshold,
         quality,
         quantiles,
+        mass_kept,
         ..trained
     })
 }

@@ -55,6 +55,7 @@ fn sample(layers: usize, hidden: usize, n: usize, rank: usize) -> Artifact {
                 val_precision: 0.7,
                 val_predicted: 0.8,
                 val_truth: 0.6,
+                val_mass: 0.95,
             })
             .collect(),
     };

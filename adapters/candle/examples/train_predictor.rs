@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use powerinfer::{train_low_rank, TrainOptions};
+use powerinfer::{train_low_rank, TrainOptions, QUANTILE_STEPS};
 use powerinfer_candle::{fetch, open, FfnMode, Sampling};
 
 fn arg<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
@@ -80,8 +80,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         let r = train_low_rank(&train, &val, &opts, &mut |_, _| ())?;
                         let q = r.quality;
                         println!(
-                            "{l:>5} {rank:>4} {e:>6} {batch:>5} {lr:<7} cap {mass_cap:<4} | {:.3} {:>9.3} {:>9.3} {:>5.3} mass {:.3} | {:.4}..{:.4} | {:.1}",
+                            "{l:>5} {rank:>4} {e:>6} {batch:>5} {lr:<7} cap {mass_cap:<4} | {:.3} {:>9.3} {:>9.3} {:>5.3} mass {:.3}, at 20/40/60% sparsity {:.3}/{:.3}/{:.3} | {:.4}..{:.4} | {:.1}",
                             q.recall, q.precision, q.predicted, q.truth, q.mass,
+                            r.mass_kept[QUANTILE_STEPS * 20 / 95], r.mass_kept[QUANTILE_STEPS * 40 / 95],
+                            r.mass_kept[QUANTILE_STEPS * 60 / 95],
                             r.losses[0], r.losses[r.losses.len() - 1], t.elapsed().as_secs_f64()
                         );
                     }

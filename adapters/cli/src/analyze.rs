@@ -183,6 +183,7 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
             val_precision: t.quality.precision,
             val_predicted: t.quality.predicted,
             val_truth: t.quality.truth,
+            val_mass: t.quality.mass,
         })
         .collect();
     let layers = trained
@@ -300,16 +301,19 @@ fn report(a: &Artifact, out: &Path, seconds: f64, ffn_bytes: u64) {
         "budget {} bytes: hot neurons {} + predictors {} (FFN weights {} bytes in all)",
         m.budget, m.hot_bytes, m.predictor_bytes, ffn_bytes
     );
-    println!("layer  |h| thr   score thr  val recall  precision  predicted  truth   hot");
+    println!(
+        "layer  |h| thr   score thr  val recall  precision  predicted  truth  mass kept   hot"
+    );
     for (l, (lm, t)) in m.layers.iter().zip(&a.layers).enumerate() {
         println!(
-            "{l:>5}  {:>8.4}  {:>9.3}  {:>10.3}  {:>9.3}  {:>8.1}%  {:>5.1}%  {:>4}",
+            "{l:>5}  {:>8.4}  {:>9.3}  {:>10.3}  {:>9.3}  {:>8.1}%  {:>5.1}%  {:>8.1}%  {:>4}",
             lm.h_threshold,
             lm.score_threshold,
             lm.val_recall,
             lm.val_precision,
             lm.val_predicted * 100.0,
             lm.val_truth * 100.0,
+            lm.val_mass * 100.0,
             t.hot.len()
         );
     }
@@ -320,6 +324,7 @@ fn report(a: &Artifact, out: &Path, seconds: f64, ffn_bytes: u64) {
             "predictor_bytes": m.predictor_bytes, "calibration": m.calibration,
             "val_recall": m.layers.iter().map(|l| l.val_recall).collect::<Vec<_>>(),
             "val_predicted": m.layers.iter().map(|l| l.val_predicted).collect::<Vec<_>>(),
+            "val_mass": m.layers.iter().map(|l| l.val_mass).collect::<Vec<_>>(),
         })
     );
 }
