@@ -12,7 +12,7 @@ use powerinfer::{
 };
 use powerinfer_candle::{model_sha256, native_storage, FfnMode, Sampling};
 
-use crate::common::{calibration_tokens, load, model_path};
+use crate::common::{load, model_path, text_tokens};
 use crate::AnalyzeArgs;
 
 fn bar(len: u64, what: &str) -> ProgressBar {
@@ -67,7 +67,7 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
     let storage = native_storage(&path)?;
     let mut m = load(&path, &FfnMode::Analysis)?;
     let cfg = m.model.config().clone();
-    let (tokens, sources) = calibration_tokens(&m.tok, &a.calibration, a.tokens)?;
+    let (tokens, sources) = text_tokens(&m.tok, &a.calibration, 1790..=1999, a.tokens)?;
     eprintln!(
         "calibration: {} tokens from {} ({} layers x {} neurons)",
         tokens.len(),

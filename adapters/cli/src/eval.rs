@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::analyze::picture_stem;
 use crate::common::{
-    corpus_tokens, load, load_sparse, mean, model_path, spinner, Sparse, SparseSettings,
+    load, load_sparse, mean, model_path, spinner, text_tokens, Sparse, SparseSettings,
 };
 use crate::plots::{sparsity_perplexity, Series};
 use crate::EvalArgs;
@@ -40,7 +40,12 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     }
     let path = model_path(&a.model.model)?;
     let mut dense = load(&path, &FfnMode::Dense)?;
-    let text = corpus_tokens(&dense.tok, 2000..=2021, a.tokens)?;
+    let (text, sources) = text_tokens(&dense.tok, &a.text, 2000..=2021, a.tokens)?;
+    let source = if a.text.is_empty() {
+        "State of the Union 2000-2021".to_string()
+    } else {
+        sources.join(", ")
+    };
     let pb = spinner(format!(
         "dense perplexity on {} held-out tokens",
         text.len()
@@ -49,7 +54,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     pb.finish_and_clear();
     drop(dense);
     println!(
-        "held-out: State of the Union 2000-2021, {} tokens, context {}",
+        "held-out: {source}, {} tokens, context {}",
         text.len(),
         a.ctx
     );

@@ -207,9 +207,12 @@ pub struct BenchArgs {
 /// `eval` flags.
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// Held-out tokens to score (from speeches 2000-2021).
+    /// Held-out tokens to score.
     #[arg(long, default_value_t = 8192)]
     pub tokens: usize,
+    /// Text files to score (default: State of the Union speeches 2000-2021).
+    #[arg(long, num_args = 1..)]
+    pub text: Vec<PathBuf>,
     /// Context window per scored chunk.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,

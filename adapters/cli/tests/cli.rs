@@ -245,6 +245,10 @@ fn analyze_then_use_the_artifact() {
         "not a valid safetensors file",
     );
     fails_with(&["analyze", "--budget", "0"], "--budget 0");
+    fails_with(
+        &["eval", "--text", "/nonexistent/held-out.txt"],
+        "reading /nonexistent/held-out.txt",
+    );
     fails_with(&["analyze", "--budget", "12Q"], "--budget 12Q");
     std::fs::remove_dir_all(&d).unwrap();
 }
