@@ -55,6 +55,9 @@ impl Samples {
         if let Some(i) = x.iter().position(|v| !v.is_finite()) {
             return Err(Error::non_finite("sample x", i));
         }
+        if let Some(i) = h.iter().position(|v| !v.is_finite()) {
+            return Err(Error::non_finite("sample h", i));
+        }
         self.x.extend_from_slice(x);
         let base = self.active.len();
         self.active.resize(base + self.words, 0);

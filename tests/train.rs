@@ -197,5 +197,8 @@ fn bad_training_input_is_a_typed_error() {
     let mut s2 = Samples::new(HIDDEN, N);
     assert!(s2.push(&[f32::NAN; HIDDEN], &[0.0; N], 0.0).is_err());
     assert!(s2.push(&[0.0; 3], &[0.0; N], 0.0).is_err());
+    let mut h = [0.0; N];
+    h[5] = f32::INFINITY;
+    assert!(s2.push(&[0.0; HIDDEN], &h, 0.0).is_err());
     assert!(s2.is_empty());
 }
