@@ -197,7 +197,8 @@ impl Default for TrainOptions {
 }
 
 impl TrainOptions {
-    fn check(&self) -> Result<()> {
+    /// Checks every setting (a typed error naming the first bad one).
+    pub fn validate(&self) -> Result<()> {
         let bad = |s: &str, why: String| Err(Error::config(s, why));
         if self.rank == 0 || self.epochs == 0 || self.batch == 0 {
             return bad("rank/epochs/batch", "must all be at least 1".into());
@@ -321,7 +322,7 @@ pub fn train_low_rank(
     opts: &TrainOptions,
     on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<Trained> {
-    opts.check()?;
+    opts.validate()?;
     let (hidden, n) = train.dims();
     if val.dims() != (hidden, n) {
         return Err(ErrorKind::LayerCount {

@@ -58,6 +58,16 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
         bail!("--train-rows and --val-rows must be at least 1");
     }
     let budget = parse_budget(&a.budget)?;
+    let opts = TrainOptions {
+        rank: a.rank,
+        epochs: a.epochs,
+        target_recall: a.recall,
+        batch: a.batch,
+        lr: a.lr,
+        pos_weight: a.pos_weight,
+        ..Default::default()
+    };
+    opts.validate()?;
     let path = model_path(&a.model)?;
     let out = match &a.out {
         Some(o) => o.clone(),
@@ -118,15 +128,6 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
     drop(m);
 
     // 3. One predictor per layer.
-    let opts = TrainOptions {
-        rank: a.rank,
-        epochs: a.epochs,
-        target_recall: a.recall,
-        batch: a.batch,
-        lr: a.lr,
-        pos_weight: a.pos_weight,
-        ..Default::default()
-    };
     let pb = bar((cfg.layers * a.epochs) as u64, "training predictors");
     let mut trained = Vec::with_capacity(cfg.layers);
     for (l, samples) in profile.samples.iter().enumerate() {

@@ -245,6 +245,7 @@ fn analyze_then_use_the_artifact() {
         "not a valid safetensors file",
     );
     fails_with(&["analyze", "--budget", "0"], "--budget 0");
+    fails_with(&["analyze", "--recall", "1.5"], "target_recall");
     fails_with(
         &["eval", "--text", "/nonexistent/held-out.txt"],
         "reading /nonexistent/held-out.txt",
