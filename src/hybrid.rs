@@ -64,8 +64,6 @@ struct Scratch {
     x: Vec<f32>,
     xq: Vec<crate::cpu::QuantizedRow>,
     set: ActiveSet,
-    hot: Vec<u32>,
-    cold: Vec<u32>,
     threads: Vec<ThreadScratch>,
 }
 
@@ -85,6 +83,7 @@ pub struct HybridFfn {
     last_active: AtomicUsize,
     stats_on: AtomicBool,
     stats: Mutex<Option<ActivationStats>>,
+    audit_on: AtomicBool,
     audit: Mutex<Option<Audit>>,
     scratch: Mutex<Scratch>,
 }
@@ -136,6 +135,7 @@ impl HybridFfn {
             last_active: AtomicUsize::new(0),
             stats_on: AtomicBool::new(false),
             stats: Mutex::new(None),
+            audit_on: AtomicBool::new(false),
             audit: Mutex::new(None),
             scratch: Mutex::new(Scratch::default()),
         })
@@ -277,10 +277,12 @@ impl HybridFfn {
             },
             ..Default::default()
         });
+        self.audit_on.store(true, Ordering::Relaxed);
     }
 
     /// Stops auditing and returns the totals.
     pub fn take_audit(&self) -> Option<PredictorAudit> {
+        self.audit_on.store(false, Ordering::Relaxed);
         self.audit
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -388,7 +390,11 @@ impl HybridFfn {
         } else {
             self.predictor.inline_threshold()
         };
-        let mut audit = self.audit.lock().unwrap_or_else(|e| e.into_inner());
+        // Off (the serving case): one relaxed load, no lock.
+        let mut audit = self
+            .audit_on
+            .load(Ordering::Relaxed)
+            .then(|| self.audit.lock().unwrap_or_else(|e| e.into_inner()));
         let started = audit.is_some().then(std::time::Instant::now);
         if dense || rule.is_some() {
             All.predict(&input, &mut s.set)?;
@@ -398,7 +404,7 @@ impl HybridFfn {
                 .map_err(|e| self.in_layer(e))?;
         }
         s.set.finish();
-        if let (Some(a), Some(t0)) = (audit.as_mut(), started) {
+        if let (Some(a), Some(t0)) = (audit.as_deref_mut().and_then(Option::as_mut), started) {
             a.totals.predict_time += t0.elapsed();
             a.totals.calls += 1;
             contributions(&input, &mut a.h, &mut a.tmp);
@@ -416,11 +422,6 @@ impl HybridFfn {
             a.h = h;
         }
         drop(audit);
-        // No fast device in this build: both tiers are the CPU, so the active list runs as one
-        // tier (one pool dispatch per call). The split is what a device tier will consume.
-        s.hot.clear();
-        s.cold.clear();
-        s.cold.extend_from_slice(s.set.union());
 
         match &self.bundles.down_bias {
             Some(b) => out
@@ -443,11 +444,11 @@ impl HybridFfn {
         let mut used = 0usize;
         let record = self.stats_on.load(Ordering::Relaxed);
         let mut stats = record.then(|| self.stats.lock().unwrap_or_else(|e| e.into_inner()));
-        // Fast tier first, then the CPU tier: a fixed merge order keeps results bit-identical.
-        for list in [&s.hot, &s.cold] {
-            if list.is_empty() {
-                continue;
-            }
+        // No fast device in this build: the whole active list is the CPU tier, one pool dispatch;
+        // partials merge in thread order, so results are bit-identical run to run. (A device tier
+        // will take `self.placement`'s hot neurons and merge first.)
+        let list = s.set.union();
+        if !list.is_empty() {
             job.run(&self.pool, list, &mut s.threads);
             for (t, st) in s.threads.iter().enumerate() {
                 for (o, a) in out.iter_mut().zip(&st.acc) {
