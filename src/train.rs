@@ -23,14 +23,16 @@ pub struct Samples {
     words: usize,
     x: Vec<f32>,
     active: Vec<u64>,
-    /// `|h|` of every (row, neuron) pair, in units of the row's threshold (f16).
+    /// `|h|` of every (row, neuron) pair (f16).
     mag: Vec<half::f16>,
-    threshold: Vec<f32>,
+    /// A neuron is active in a row when `|h| > threshold`.
+    threshold: f32,
 }
 
 impl Samples {
-    /// No rows yet, for a layer of `hidden` inputs and `intermediate` neurons.
-    pub fn new(hidden: usize, intermediate: usize) -> Self {
+    /// No rows yet, for a layer of `hidden` inputs and `intermediate` neurons whose neurons count
+    /// as active when `|h| > threshold`.
+    pub fn new(hidden: usize, intermediate: usize, threshold: f32) -> Self {
         Samples {
             hidden,
             intermediate,
@@ -38,13 +40,13 @@ impl Samples {
             x: Vec::new(),
             active: Vec::new(),
             mag: Vec::new(),
-            threshold: Vec::new(),
+            threshold,
         }
     }
 
     /// Adds a row: input `x` (`hidden` values) and activations `h` (`intermediate` values);
-    /// neuron `i` is active when `|h_i| > threshold`.
-    pub fn push(&mut self, x: &[f32], h: &[f32], threshold: f32) -> Result<()> {
+    /// neuron `i` is active when `|h_i|` is above the set's threshold.
+    pub fn push(&mut self, x: &[f32], h: &[f32]) -> Result<()> {
         if x.len() != self.hidden || h.len() != self.intermediate {
             return Err(Error::shape(
                 "sample (x, h)",
@@ -62,13 +64,12 @@ impl Samples {
         let base = self.active.len();
         self.active.resize(base + self.words, 0);
         for (i, &v) in h.iter().enumerate() {
-            if v.abs() > threshold {
+            if v.abs() > self.threshold {
                 self.active[base + i / 64] |= 1 << (i % 64);
             }
         }
         self.mag
             .extend(h.iter().map(|&v| half::f16::from_f32(v.abs())));
-        self.threshold.push(threshold);
         Ok(())
     }
 
@@ -79,7 +80,6 @@ impl Samples {
             x: self.x.split_off(at * self.hidden),
             active: self.active.split_off(at * self.words),
             mag: self.mag.split_off(at * self.intermediate),
-            threshold: self.threshold.split_off(at),
             ..*self
         }
     }
@@ -126,7 +126,7 @@ impl Samples {
         let n = range.len();
         let mut w = Vec::with_capacity(n * self.intermediate);
         for r in range {
-            let t = self.threshold[r].max(f32::MIN_POSITIVE);
+            let t = self.threshold.max(f32::MIN_POSITIVE);
             w.extend((0..self.intermediate).map(|i| {
                 if self.is_active(r, i) {
                     (self.magnitude(r, i) / t).clamp(1.0, cap)

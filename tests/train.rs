@@ -65,9 +65,9 @@ fn rows(seed: u64, n: usize) -> Vec<Vec<f32>> {
 }
 
 fn samples(l: &Layer, xs: &[Vec<f32>]) -> Samples {
-    let mut s = Samples::new(HIDDEN, N);
+    let mut s = Samples::new(HIDDEN, N, 0.0);
     for x in xs {
-        s.push(x, &activations(l, x), 0.0).unwrap();
+        s.push(x, &activations(l, x)).unwrap();
     }
     s
 }
@@ -167,13 +167,13 @@ fn audit_counts_what_an_oracle_misses() {
 fn bad_training_input_is_a_typed_error() {
     let l = layer(1);
     let s = samples(&l, &rows(1, 10));
-    let empty = Samples::new(HIDDEN, N);
+    let empty = Samples::new(HIDDEN, N, 0.0);
     let opts = TrainOptions::default();
     assert!(train_low_rank(&s, &empty, &opts, &mut |_, _| {})
         .unwrap_err()
         .to_string()
         .contains("validation"));
-    let wrong = Samples::new(HIDDEN + 1, N);
+    let wrong = Samples::new(HIDDEN + 1, N, 0.0);
     assert!(train_low_rank(&s, &wrong, &opts, &mut |_, _| {}).is_err());
     for bad in [
         TrainOptions {
@@ -194,11 +194,11 @@ fn bad_training_input_is_a_typed_error() {
             "{bad:?}"
         );
     }
-    let mut s2 = Samples::new(HIDDEN, N);
-    assert!(s2.push(&[f32::NAN; HIDDEN], &[0.0; N], 0.0).is_err());
-    assert!(s2.push(&[0.0; 3], &[0.0; N], 0.0).is_err());
+    let mut s2 = Samples::new(HIDDEN, N, 0.0);
+    assert!(s2.push(&[f32::NAN; HIDDEN], &[0.0; N]).is_err());
+    assert!(s2.push(&[0.0; 3], &[0.0; N]).is_err());
     let mut h = [0.0; N];
     h[5] = f32::INFINITY;
-    assert!(s2.push(&[0.0; HIDDEN], &h, 0.0).is_err());
+    assert!(s2.push(&[0.0; HIDDEN], &h).is_err());
     assert!(s2.is_empty());
 }

@@ -42,15 +42,14 @@ impl FfnProbe for HistogramProbe {
     }
 }
 
-struct ProfileProbe<'a> {
-    thresholds: &'a [f32],
+struct ProfileProbe {
     profile: Profile,
     sampling: Sampling,
     /// Tokens of earlier windows (the sampling clock).
     offset: usize,
 }
 
-impl FfnProbe for ProfileProbe<'_> {
+impl FfnProbe for ProfileProbe {
     fn observe(&mut self, layer: usize, x: &Tensor, h: &Tensor) -> Result<()> {
         let rows = h.dim(0)?;
         let hv = h.flatten_all()?.to_vec1::<f32>()?;
@@ -65,11 +64,7 @@ impl FfnProbe for ProfileProbe<'_> {
                 if samples.len() >= self.sampling.max {
                     break;
                 }
-                samples.push(
-                    &xv[r * hidden..(r + 1) * hidden],
-                    &hv[r * n..(r + 1) * n],
-                    self.thresholds[layer],
-                )?;
+                samples.push(&xv[r * hidden..(r + 1) * hidden], &hv[r * n..(r + 1) * n])?;
             }
         }
         Ok(())
@@ -130,13 +125,15 @@ impl Llama {
         );
         need_layers("thresholds (one per layer)", layers, thresholds.len())?;
         let mut probe = ProfileProbe {
-            thresholds,
             profile: Profile {
                 stats: thresholds
                     .iter()
                     .map(|&t| ActivationStats::new(n, t))
                     .collect(),
-                samples: (0..layers).map(|_| Samples::new(hidden, n)).collect(),
+                samples: thresholds
+                    .iter()
+                    .map(|&t| Samples::new(hidden, n, t))
+                    .collect(),
             },
             sampling,
             offset: 0,
