@@ -1,0 +1,504 @@
+//! PowerInfer's activation-sparse FFN in mistral.rs (cargo feature `powerinfer`).
+//!
+//! Added by the powerinfer-rs patch set (`adapters/mistralrs/` in powerinfer-rs). When a
+//! configuration is active, the llama GGUF loader (`quantized_llama.rs`) and the llama, mistral and
+//! qwen2 safetensors loaders build a [`powerinfer::HybridFfn`] for each layer's MLP instead of the
+//! dense one. With no configuration the loaders are untouched.
+//!
+//! SDK users call [`enable`] before building a model; the `mistralrs` CLI and server read
+//! [`ENV_CONFIG`] (an artifact path, `all` or `gate-first:T`), [`ENV_SPARSITY`] and
+//! [`ENV_THREADS`] when nothing was enabled in code.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Device, Result, Tensor};
+use mistralrs_quant::{QuantMethod, ShardedVarBuilder};
+
+use crate::amoe::{AnyMoeTrainableLayer, MlpLayer};
+use crate::layers::Activation;
+
+pub use powerinfer as engine;
+
+/// Environment variable naming what to run: a `.powerinfer` artifact from `powerinfer analyze`,
+/// `all` (every neuron through the sparse kernels) or `gate-first:T` (exact thresholding at `T`).
+pub const ENV_CONFIG: &str = "MISTRALRS_POWERINFER";
+/// With an artifact: set the predictors' score thresholds for this FFN sparsity (0..0.95)
+/// instead of the artifact's target-recall thresholds.
+pub const ENV_SPARSITY: &str = "MISTRALRS_POWERINFER_SPARSITY";
+/// Threads of the sparse FFN (default: all cores).
+pub const ENV_THREADS: &str = "MISTRALRS_POWERINFER_THREADS";
+
+/// Which neurons each layer computes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Neurons {
+    /// Every neuron, through the sparse kernels (the dense-equivalent setting).
+    All,
+    /// Exact thresholding: neuron `i` runs when `|act(gate_i) * up_i| > threshold` (ReLU:
+    /// `act(gate_i) > threshold`), computed inline. Threshold 0 is exact for ReLU models.
+    GateFirst(f32),
+    /// Trained low-rank predictors and placement from a `powerinfer analyze` artifact. The
+    /// artifact is checked against the model file it was made from.
+    Artifact {
+        /// The `.powerinfer` file.
+        path: PathBuf,
+        /// Score thresholds for this FFN sparsity instead of the stored target-recall ones.
+        predictor_sparsity: Option<f64>,
+    },
+}
+
+/// How mistral.rs builds its FFN blocks while the configuration is enabled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PowerInferConfig {
+    /// Which neurons run.
+    pub neurons: Neurons,
+    /// Threads of the sparse FFN's CPU tier (`None`: all cores).
+    pub threads: Option<usize>,
+}
+
+impl PowerInferConfig {
+    /// Trained predictors and placement from an artifact.
+    pub fn artifact(path: impl Into<PathBuf>) -> Self {
+        Self::new(Neurons::Artifact {
+            path: path.into(),
+            predictor_sparsity: None,
+        })
+    }
+
+    /// Every neuron through the sparse kernels.
+    pub fn all_neurons() -> Self {
+        Self::new(Neurons::All)
+    }
+
+    /// Exact thresholding at `threshold` in every layer.
+    pub fn gate_first(threshold: f32) -> Self {
+        Self::new(Neurons::GateFirst(threshold))
+    }
+
+    fn new(neurons: Neurons) -> Self {
+        PowerInferConfig {
+            neurons,
+            threads: None,
+        }
+    }
+
+    /// With an artifact: score thresholds for this FFN sparsity.
+    pub fn with_predictor_sparsity(mut self, sparsity: f64) -> Self {
+        if let Neurons::Artifact {
+            predictor_sparsity, ..
+        } = &mut self.neurons
+        {
+            *predictor_sparsity = Some(sparsity);
+        }
+        self
+    }
+
+    /// Threads of the sparse FFN.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = Some(threads);
+        self
+    }
+
+    /// The configuration the environment names ([`ENV_CONFIG`], [`ENV_SPARSITY`],
+    /// [`ENV_THREADS`]); `None` when [`ENV_CONFIG`] is unset or empty.
+    pub fn from_env() -> Result<Option<Self>> {
+        let Some(v) = std::env::var_os(ENV_CONFIG).filter(|v| !v.is_empty()) else {
+            return Ok(None);
+        };
+        let v = v.to_string_lossy().into_owned();
+        let mut cfg = match v.as_str() {
+            "all" => Self::all_neurons(),
+            s if s.starts_with("gate-first:") => {
+                let t = &s["gate-first:".len()..];
+                Self::gate_first(
+                    t.parse()
+                        .map_err(|_| bad(format!("{ENV_CONFIG}={s}: `{t}` is not a threshold")))?,
+                )
+            }
+            path => Self::artifact(path),
+        };
+        if let Some(s) = env_parse::<f64>(ENV_SPARSITY)? {
+            if !matches!(cfg.neurons, Neurons::Artifact { .. }) {
+                return Err(bad(format!(
+                    "{ENV_SPARSITY} needs an artifact in {ENV_CONFIG}"
+                )));
+            }
+            cfg = cfg.with_predictor_sparsity(s);
+        }
+        if let Some(t) = env_parse::<usize>(ENV_THREADS)? {
+            cfg = cfg.with_threads(t);
+        }
+        Ok(Some(cfg))
+    }
+}
+
+fn env_parse<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => v
+            .parse()
+            .map(Some)
+            .map_err(|_| bad(format!("{name}={v} is not a valid value"))),
+        _ => Ok(None),
+    }
+}
+
+fn bad(msg: impl std::fmt::Display) -> candle_core::Error {
+    candle_core::Error::Msg(format!("powerinfer: {msg}"))
+}
+
+fn engine_err(e: powerinfer::Error) -> candle_core::Error {
+    bad(e)
+}
+
+/// What the code asked for; the environment decides only while nothing was.
+enum Choice {
+    FromEnv,
+    On(PowerInferConfig),
+    Off,
+}
+
+static CHOICE: Mutex<Choice> = Mutex::new(Choice::FromEnv);
+
+/// Models built from now on use the sparse FFN as `config` says.
+pub fn enable(config: PowerInferConfig) {
+    *CHOICE.lock().unwrap_or_else(|e| e.into_inner()) = Choice::On(config);
+}
+
+/// Models built from now on use mistral.rs's dense MLP, whatever the environment says.
+pub fn disable() {
+    *CHOICE.lock().unwrap_or_else(|e| e.into_inner()) = Choice::Off;
+}
+
+/// The configuration in force: the one enabled in code; else, unless [`disable`] was called,
+/// the environment's.
+pub fn config() -> Result<Option<PowerInferConfig>> {
+    match &*CHOICE.lock().unwrap_or_else(|e| e.into_inner()) {
+        Choice::On(c) => Ok(Some(c.clone())),
+        Choice::Off => Ok(None),
+        Choice::FromEnv => PowerInferConfig::from_env(),
+    }
+}
+
+/// Realized sparsity of the sparse FFN: what [`report`] returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SparsityReport {
+    /// Sparse FFN layers alive (all models).
+    pub layers: usize,
+    /// Rows (tokens x layers) they computed since the last [`reset_report`].
+    pub rows: u64,
+    /// (row, neuron) pairs seen.
+    pub pairs: u64,
+    /// Pairs computed with a nonzero contribution.
+    pub active: u64,
+}
+
+impl SparsityReport {
+    /// Share of (row, neuron) pairs skipped.
+    pub fn sparsity(&self) -> f64 {
+        1.0 - self.active as f64 / self.pairs.max(1) as f64
+    }
+}
+
+static LIVE: Mutex<Vec<Weak<powerinfer::HybridFfn>>> = Mutex::new(Vec::new());
+static TOTALS: Mutex<SparsityReport> = Mutex::new(SparsityReport {
+    layers: 0,
+    rows: 0,
+    pairs: 0,
+    active: 0,
+});
+
+/// Moves every live layer's counts into the totals; returns the live layer count.
+fn collect(totals: &mut SparsityReport) -> usize {
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|w| w.strong_count() > 0);
+    for ffn in live.iter().filter_map(Weak::upgrade) {
+        // Taking the counts stops them; restart at once (a call in between is not counted).
+        if let Some(s) = ffn.take_stats() {
+            totals.rows += s.tokens;
+            totals.pairs += s.tokens * s.counts.len() as u64;
+            totals.active += s.counts.iter().sum::<u64>();
+        }
+        ffn.enable_stats(0.0);
+    }
+    live.len()
+}
+
+/// Realized sparsity of the sparse FFN layers built so far, since the last [`reset_report`].
+pub fn report() -> SparsityReport {
+    let mut totals = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
+    totals.layers = collect(&mut totals);
+    *totals
+}
+
+/// Zeroes the counts [`report`] sums.
+pub fn reset_report() {
+    let mut totals = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
+    collect(&mut totals);
+    *totals = SparsityReport::default();
+}
+
+/// What one model load uses: the configuration and, with an artifact, the artifact checked
+/// against the model's files.
+struct Plan {
+    config: PowerInferConfig,
+    artifact: Option<powerinfer::Artifact>,
+}
+
+/// The plan of the model being loaded. Global rather than per thread: layers may load on rayon
+/// threads (`par_iter_if_isq`).
+static PLAN: Mutex<Option<Arc<Plan>>> = Mutex::new(None);
+
+/// Set by a pipeline loader around building a model from `files`: while it lives, the model
+/// loaders build sparse FFNs. Dropping it ends the scope.
+pub(crate) struct LoadScope(());
+
+impl LoadScope {
+    /// Reads the configuration in force; with an artifact, loads it and checks it was made from
+    /// `files` (one GGUF file, or a checkpoint's `*.safetensors` plus `config.json`).
+    pub(crate) fn begin(files: &[PathBuf]) -> Result<LoadScope> {
+        let plan = match config()? {
+            None => None,
+            Some(config) => {
+                let artifact = match &config.neurons {
+                    Neurons::Artifact { path, .. } => {
+                        let a = powerinfer::Artifact::load(path).map_err(engine_err)?;
+                        a.check_model(&model_sha256(files)?).map_err(engine_err)?;
+                        Some(a)
+                    }
+                    _ => None,
+                };
+                tracing::info!("powerinfer: sparse FFN on, {:?}", config.neurons);
+                Some(Arc::new(Plan { config, artifact }))
+            }
+        };
+        *PLAN.lock().unwrap_or_else(|e| e.into_inner()) = plan;
+        Ok(LoadScope(()))
+    }
+}
+
+impl Drop for LoadScope {
+    fn drop(&mut self) {
+        *PLAN.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+fn current_plan() -> Option<Arc<Plan>> {
+    PLAN.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// sha256 of one model file, or of the concatenated hex sums of several sorted by path (how
+/// `powerinfer analyze` fingerprints a checkpoint directory).
+fn model_sha256(files: &[PathBuf]) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    fn file_sha(p: &Path) -> Result<String> {
+        let mut f = std::fs::File::open(p).map_err(|e| bad(format!("{}: {e}", p.display())))?;
+        let mut h = Sha256::new();
+        std::io::copy(&mut f, &mut h).map_err(|e| bad(format!("{}: {e}", p.display())))?;
+        Ok(hex(&h.finalize()))
+    }
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+    match files {
+        [one] => file_sha(one),
+        many => {
+            let mut sorted = many.to_vec();
+            sorted.sort();
+            let mut all = String::new();
+            for f in &sorted {
+                all.push_str(&file_sha(f)?);
+            }
+            Ok(hex(&Sha256::digest(all.as_bytes())))
+        }
+    }
+}
+
+fn engine_activation(act: Activation) -> Result<powerinfer::Activation> {
+    Ok(match act {
+        Activation::Silu | Activation::Swish => powerinfer::Activation::Silu,
+        Activation::Relu => powerinfer::Activation::Relu,
+        Activation::Gelu => powerinfer::Activation::Gelu,
+        Activation::NewGelu | Activation::GeluPytorchTanh => powerinfer::Activation::GeluTanh,
+        other => return Err(bad(format!("activation {other:?} is not supported"))),
+    })
+}
+
+/// Builds layer `layer`'s sparse FFN from its neuron bundles, as the plan says.
+fn build(plan: &Plan, layer: usize, bundles: powerinfer::NeuronBundles) -> Result<SparseMlp> {
+    use powerinfer::{GateFirst, HybridFfn, HybridOptions};
+    let spec = *bundles.spec();
+    let mut opts = HybridOptions {
+        layer: Some(layer),
+        ..Default::default()
+    };
+    if let Some(t) = plan.config.threads {
+        opts.threads = t;
+    }
+    let mut ffn = HybridFfn::new(bundles, opts).map_err(engine_err)?;
+    match (&plan.config.neurons, &plan.artifact) {
+        (Neurons::All, _) => {}
+        (Neurons::GateFirst(t), _) => {
+            ffn.set_predictor(GateFirst::new(*t).map_err(engine_err)?);
+        }
+        (
+            Neurons::Artifact {
+                predictor_sparsity, ..
+            },
+            Some(a),
+        ) => {
+            let recorded = a.spec(layer).map_err(engine_err)?;
+            if recorded != spec {
+                return Err(bad(format!(
+                    "layer {layer} was analyzed as {recorded:?}, the model has {spec:?}"
+                )));
+            }
+            let threshold = match predictor_sparsity {
+                None => None,
+                Some(s) => Some(
+                    powerinfer::Trained::threshold_for_sparsity(
+                        &a.layers[layer].score_quantiles,
+                        *s,
+                    )
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "predictor sparsity {s} is outside the artifact's sweep [0, {}]",
+                            powerinfer::QUANTILE_MAX
+                        ))
+                    })?,
+                ),
+            };
+            ffn.set_predictor(a.predictor(layer, threshold).map_err(engine_err)?);
+            ffn.set_placement(a.placement(layer).map_err(engine_err)?)
+                .map_err(engine_err)?;
+        }
+        (Neurons::Artifact { .. }, None) => unreachable!("the plan loads the artifact"),
+    }
+    ffn.enable_stats(0.0);
+    let ffn = Arc::new(ffn);
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Arc::downgrade(&ffn));
+    Ok(SparseMlp {
+        ffn,
+        params: vec![spec.hidden, spec.intermediate],
+        act: Activation::Silu,
+    })
+}
+
+/// The sparse FFN of a GGUF llama layer, from its quantized `ffn_gate`, `ffn_up`, `ffn_down`
+/// (gate and up keep their Q4_0 / Q4_1 / Q8_0 blocks); `None` when no configuration is active.
+pub(crate) fn gguf_mlp(
+    layer: usize,
+    gate: &QTensor,
+    up: &QTensor,
+    down: &QTensor,
+) -> Result<Option<SparseMlp>> {
+    let Some(plan) = current_plan() else {
+        return Ok(None);
+    };
+    cpu_only(layer, &gate.device())?;
+    let (n, h) = gate.shape().dims2()?;
+    let spec =
+        powerinfer::FfnSpec::new(h, n, powerinfer::Activation::Silu, true).map_err(engine_err)?;
+    let bundles =
+        powerinfer::NeuronBundles::from_qtensors(spec, Some(gate), up, down).map_err(engine_err)?;
+    build(&plan, layer, bundles).map(Some)
+}
+
+/// The sparse FFN of a safetensors layer from the MLP's var builder (`gate_proj`, `up_proj`,
+/// `down_proj`), stored in the model's dtype (f32, f16 or bf16; others as f16); `None` when no
+/// configuration is active. Pre-quantized checkpoints are refused.
+pub(crate) fn safetensors_mlp(
+    layer: usize,
+    vb: &ShardedVarBuilder,
+    hidden: usize,
+    intermediate: usize,
+    act: Activation,
+    quantized: bool,
+) -> Result<Option<Box<dyn MlpLayer>>> {
+    let Some(plan) = current_plan() else {
+        return Ok(None);
+    };
+    if quantized {
+        return Err(bad(format!(
+            "layer {layer}: pre-quantized checkpoints are not supported; use the float checkpoint or a GGUF file"
+        )));
+    }
+    cpu_only(layer, vb.device())?;
+    let get = |name: &str, shape: (usize, usize)| -> Result<Tensor> {
+        vb.pp(name).get(shape, "weight")?.to_dtype(DType::F32)
+    };
+    let g = get("gate_proj", (intermediate, hidden))?;
+    let u = get("up_proj", (intermediate, hidden))?;
+    let d = get("down_proj", (hidden, intermediate))?;
+    let spec = powerinfer::FfnSpec::new(hidden, intermediate, engine_activation(act)?, true)
+        .map_err(engine_err)?;
+    let storage = match vb.dtype() {
+        DType::F32 => powerinfer::WeightDType::F32,
+        DType::BF16 => powerinfer::WeightDType::BF16,
+        _ => powerinfer::WeightDType::F16,
+    };
+    let bundles = powerinfer::NeuronBundles::from_weights(
+        spec,
+        powerinfer::FfnWeights::gated(&g, &u, &d),
+        storage,
+    )
+    .map_err(engine_err)?;
+    let mut mlp = build(&plan, layer, bundles)?;
+    mlp.act = act;
+    Ok(Some(Box::new(mlp)))
+}
+
+fn cpu_only(layer: usize, device: &Device) -> Result<()> {
+    if device.is_cpu() {
+        Ok(())
+    } else {
+        Err(bad(format!(
+            "layer {layer} is mapped to {device:?}; the sparse FFN runs on the CPU in this version"
+        )))
+    }
+}
+
+/// A layer's MLP run by [`powerinfer::HybridFfn`].
+#[derive(Clone)]
+pub(crate) struct SparseMlp {
+    ffn: Arc<powerinfer::HybridFfn>,
+    params: Vec<usize>,
+    act: Activation,
+}
+
+impl SparseMlp {
+    pub(crate) fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        self.ffn.forward_tensor(xs).map_err(engine_err)
+    }
+}
+
+impl AnyMoeTrainableLayer for SparseMlp {}
+
+impl MlpLayer for SparseMlp {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        SparseMlp::forward(self, xs)
+    }
+    fn get_isq_layers(&mut self) -> Vec<&mut Arc<dyn QuantMethod>> {
+        // The sparse FFN keeps its own storage; in-situ quantization leaves it as it is.
+        Vec::new()
+    }
+    fn clone(&self) -> Box<dyn MlpLayer> {
+        Box::new(Clone::clone(self))
+    }
+    fn get_params(&self) -> &[usize] {
+        &self.params
+    }
+    fn hidden_act(&self) -> Activation {
+        self.act
+    }
+    fn new_added_delta(&self, _deltas: Vec<Option<Tensor>>) -> Result<Box<dyn MlpLayer>> {
+        Err(bad(
+            "LoRA / AnyMoE deltas on the sparse FFN are not supported",
+        ))
+    }
+    fn dtype_device(&self) -> (DType, Device) {
+        (DType::F32, Device::Cpu)
+    }
+}

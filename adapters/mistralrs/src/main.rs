@@ -1,0 +1,170 @@
+//! SmolLM2 through mistral.rs with PowerInfer's sparse FFN (the `powerinfer` feature of a patched
+//! mistralrs-core): chat, greedy comparison against the dense MLP, decode benchmark, and
+//! mistral.rs's OpenAI-compatible server.
+
+mod greedy;
+mod model;
+mod serve;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use mistralrs_core::powerinfer::{Neurons, PowerInferConfig};
+
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Answer prompts with the sparse FFN (greedy) and report the realized sparsity.
+    Chat {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The prompts (one request each).
+        #[arg(long, required = true, num_args = 1..)]
+        prompt: Vec<String>,
+        /// Tokens to generate at most per prompt.
+        #[arg(long, default_value_t = 96)]
+        max_tokens: usize,
+    },
+    /// Greedy output of mistral.rs's dense MLP, of the sparse FFN computing every neuron, and of
+    /// `--powerinfer` (when given) on the same prompts.
+    Compare {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Prompts (default: five built-in ones).
+        #[arg(long, num_args = 1..)]
+        prompt: Vec<String>,
+        /// Tokens to generate per prompt.
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        /// JSON lines from `powerinfer-mistralrs-baseline` (built against unpatched mistral.rs):
+        /// its prompts are used, and the dense and every-neuron runs must match it too.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Fail unless every neuron gives the dense MLP's tokens exactly (true where both compute
+        /// on the same values: an f32 checkpoint; a GGUF file's sparse FFN stores the down rows
+        /// re-quantized to Q8_0 and quantizes activations differently than candle's matmul).
+        #[arg(long)]
+        strict: bool,
+        /// Fail unless every neuron gives at least this many leading tokens of the dense MLP's
+        /// output for every prompt.
+        #[arg(long, default_value_t = 0)]
+        min_prefix: usize,
+    },
+    /// Decode tokens/s through mistral.rs with the dense MLP and with the sparse FFN, same run.
+    Bench {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Measured requests per model (alternating, after one warm-up each).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Tokens generated per request.
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+    },
+    /// mistral.rs's OpenAI-compatible server on loopback, with the sparse FFN.
+    Serve {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Port on 127.0.0.1 (0: any free one).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Send one `/v1/chat/completions` request, check the answer, print it and exit.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// A GGUF file or a Hugging Face checkpoint directory (default: SmolLM2-135M-Instruct Q4_1
+    /// in ~/.cache/powerinfer, where `powerinfer demo` fetches it).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// What the sparse FFN computes: a `.powerinfer` artifact from `powerinfer analyze`, `all`
+    /// (every neuron) or `gate-first:T` (exact |h| thresholding at T).
+    #[arg(long, default_value = "all")]
+    powerinfer: String,
+    /// With an artifact: the predictors' score thresholds for this FFN sparsity.
+    #[arg(long)]
+    predictor_sparsity: Option<f64>,
+    /// Threads of the sparse FFN (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+impl ModelArgs {
+    fn sparse(&self) -> Result<PowerInferConfig> {
+        let mut cfg = match self.powerinfer.as_str() {
+            "all" => PowerInferConfig::all_neurons(),
+            s if s.starts_with("gate-first:") => PowerInferConfig::gate_first(
+                s["gate-first:".len()..]
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("--powerinfer {s}: not a threshold"))?,
+            ),
+            path => PowerInferConfig::artifact(path),
+        };
+        if let Some(s) = self.predictor_sparsity {
+            anyhow::ensure!(
+                matches!(cfg.neurons, Neurons::Artifact { .. }),
+                "--predictor-sparsity needs an artifact in --powerinfer"
+            );
+            cfg = cfg.with_predictor_sparsity(s);
+        }
+        if let Some(t) = self.threads {
+            cfg = cfg.with_threads(t);
+        }
+        Ok(cfg)
+    }
+
+    fn model(&self) -> Result<PathBuf> {
+        let path = match &self.model {
+            Some(p) => p.clone(),
+            None => model::default_model()?,
+        };
+        anyhow::ensure!(
+            path.exists(),
+            "{} does not exist (run `powerinfer demo` once to fetch SmolLM2, or pass --model)",
+            path.display()
+        );
+        Ok(path)
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Chat {
+            model,
+            prompt,
+            max_tokens,
+        } => model::chat(&model.model()?, model.sparse()?, &prompt, max_tokens).await,
+        Command::Compare {
+            model,
+            prompt,
+            max_tokens,
+            baseline,
+            strict,
+            min_prefix,
+        } => {
+            let (path, sparse) = (model.model()?, model.sparse()?);
+            let base = baseline.as_deref();
+            let (strict, min_prefix) = (strict, min_prefix.min(max_tokens));
+            model::compare(&path, sparse, &prompt, max_tokens, base, strict, min_prefix).await
+        }
+        Command::Bench {
+            model,
+            runs,
+            max_tokens,
+        } => model::bench(&model.model()?, model.sparse()?, runs, max_tokens).await,
+        Command::Serve { model, port, check } => {
+            serve::serve(&model.model()?, model.sparse()?, port, check).await
+        }
+    }
+}

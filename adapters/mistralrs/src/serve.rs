@@ -1,0 +1,96 @@
+//! mistral.rs's OpenAI-compatible server (`mistralrs-server-core`) with the sparse FFN.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use mistralrs_core::powerinfer::{self, PowerInferConfig};
+use mistralrs_core::{AutoDeviceMapParams, ModelDType, ModelSelected};
+use mistralrs_server_core::mistralrs_for_server_builder::MistralRsForServerBuilder;
+use mistralrs_server_core::mistralrs_server_router_builder::MistralRsServerRouterBuilder;
+
+pub async fn serve(path: &Path, sparse: PowerInferConfig, port: u16, check: bool) -> Result<()> {
+    anyhow::ensure!(
+        path.is_file(),
+        "serve takes a GGUF file; {} is not one",
+        path.display()
+    );
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = dir.unwrap_or(Path::new("."));
+    let file = path.file_name().context("model path has no file name")?;
+    powerinfer::enable(sparse);
+    let state = MistralRsForServerBuilder::new()
+        .with_model(ModelSelected::GGUF {
+            tok_model_id: None,
+            quantized_model_id: dir.to_string_lossy().into_owned(),
+            quantized_filename: file.to_string_lossy().into_owned(),
+            dtype: ModelDType::Auto,
+            topology: None,
+            max_seq_len: AutoDeviceMapParams::DEFAULT_MAX_SEQ_LEN,
+            max_batch_size: AutoDeviceMapParams::DEFAULT_MAX_BATCH_SIZE,
+        })
+        .with_cpu(true)
+        .build()
+        .await
+        .with_context(|| format!("loading {} for the server", path.display()))?;
+    powerinfer::disable();
+    let layers = powerinfer::report().layers;
+    anyhow::ensure!(layers > 0, "the server's model has no sparse FFN layer");
+    let router = MistralRsServerRouterBuilder::new()
+        .with_mistralrs(state)
+        .build()
+        .await?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = listener.local_addr()?;
+    println!(
+        "serving {} on http://{addr}/v1 with the sparse FFN in {layers} layers",
+        path.display()
+    );
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    if !check {
+        return Ok(server.await??);
+    }
+    let result = check_chat(&format!("http://{addr}")).await;
+    server.abort();
+    result
+}
+
+/// One chat completion over HTTP: the answer must be non-empty text from the sparse FFN.
+async fn check_chat(base: &str) -> Result<()> {
+    powerinfer::reset_report();
+    let body = serde_json::json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 32,
+        "temperature": 0.0,
+    });
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .context("POST /v1/chat/completions")?;
+    let status = resp.status();
+    let text = resp.text().await?;
+    anyhow::ensure!(status.is_success(), "HTTP {status}: {text}");
+    let json: serde_json::Value = serde_json::from_str(&text).context("response is not JSON")?;
+    let answer = json["choices"][0]["message"]["content"]
+        .as_str()
+        .with_context(|| format!("no choices[0].message.content in {text}"))?;
+    anyhow::ensure!(!answer.trim().is_empty(), "empty answer: {text}");
+    let tokens = json["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    let r = powerinfer::report();
+    anyhow::ensure!(
+        r.rows > 0,
+        "the request did not run through the sparse FFN (no rows counted)"
+    );
+    println!(
+        "POST /v1/chat/completions -> {status}, {tokens} tokens:\n{}",
+        answer.trim()
+    );
+    println!(
+        "sparse FFN: {} layer rows, realized sparsity {:.1}%",
+        r.rows,
+        r.sparsity() * 100.0
+    );
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! The powerinfer patch to mistralrs-core, through mistral.rs's own builder on SmolLM2: the
+//! sparse FFN replaces every MLP when configured, reports its sparsity, and refuses bad input
+//! with errors that name it. `test.sh` sets `POWERINFER_TEST_ARTIFACT` to a fresh
+//! `powerinfer analyze` artifact.
+
+#[path = "../src/greedy.rs"]
+#[allow(dead_code)]
+mod greedy;
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use mistralrs_core::powerinfer::{self, Neurons, PowerInferConfig};
+
+/// The configuration and the sparsity report are process-wide: one model test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn model() -> PathBuf {
+    let cache = std::env::var_os("POWERINFER_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/powerinfer")
+        });
+    let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "{} is missing: run `powerinfer demo` (or adapters/mistralrs/test.sh) first",
+        p.display()
+    );
+    p
+}
+
+fn artifact() -> Option<PathBuf> {
+    let a = std::env::var_os("POWERINFER_TEST_ARTIFACT").map(PathBuf::from);
+    if a.is_none() {
+        eprintln!("SKIPPED: set POWERINFER_TEST_ARTIFACT (adapters/mistralrs/test.sh does)");
+    }
+    a
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pi-mistralrs-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+async fn load_with(cfg: PowerInferConfig) -> anyhow::Result<mistralrs::Model> {
+    powerinfer::enable(cfg);
+    let m = greedy::load(&model()).await;
+    powerinfer::disable();
+    m
+}
+
+#[test]
+fn environment_configuration_is_parsed_and_bad_values_are_named() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let set = |k: &str, v: Option<&str>| match v {
+        Some(v) => std::env::set_var(k, v),
+        None => std::env::remove_var(k),
+    };
+    let clear = || {
+        for k in [
+            powerinfer::ENV_CONFIG,
+            powerinfer::ENV_SPARSITY,
+            powerinfer::ENV_THREADS,
+        ] {
+            set(k, None);
+        }
+    };
+    clear();
+    assert_eq!(PowerInferConfig::from_env().unwrap(), None);
+    set(powerinfer::ENV_CONFIG, Some("all"));
+    assert_eq!(
+        PowerInferConfig::from_env().unwrap(),
+        Some(PowerInferConfig::all_neurons())
+    );
+    set(powerinfer::ENV_CONFIG, Some("gate-first:0.25"));
+    set(powerinfer::ENV_THREADS, Some("3"));
+    assert_eq!(
+        PowerInferConfig::from_env().unwrap(),
+        Some(PowerInferConfig::gate_first(0.25).with_threads(3))
+    );
+    set(powerinfer::ENV_CONFIG, Some("/some/m.powerinfer"));
+    set(powerinfer::ENV_SPARSITY, Some("0.5"));
+    let c = PowerInferConfig::from_env().unwrap().unwrap();
+    assert_eq!(
+        c.neurons,
+        Neurons::Artifact {
+            path: "/some/m.powerinfer".into(),
+            predictor_sparsity: Some(0.5)
+        }
+    );
+    let fails = |cfg: &str, sparsity: Option<&str>, threads: Option<&str>, named: &str| {
+        set(powerinfer::ENV_CONFIG, Some(cfg));
+        set(powerinfer::ENV_SPARSITY, sparsity);
+        set(powerinfer::ENV_THREADS, threads);
+        let e = PowerInferConfig::from_env().unwrap_err().to_string();
+        assert!(e.contains(named), "`{e}` does not name `{named}`");
+    };
+    fails("gate-first:abc", None, None, "`abc` is not a threshold");
+    fails("all", Some("0.5"), None, "needs an artifact");
+    fails(
+        "all",
+        None,
+        Some("many"),
+        "MISTRALRS_POWERINFER_THREADS=many",
+    );
+    fails(
+        "x.powerinfer",
+        Some("half"),
+        None,
+        "MISTRALRS_POWERINFER_SPARSITY=half",
+    );
+    clear();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sparse_ffn_replaces_every_mlp_and_reports_its_sparsity() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = powerinfer::report().layers;
+    let m = load_with(PowerInferConfig::gate_first(0.05)).await.unwrap();
+    assert_eq!(
+        powerinfer::report().layers,
+        before + 30,
+        "SmolLM2 has 30 FFN layers"
+    );
+    powerinfer::reset_report();
+    let c = greedy::greedy(&m, "What is the capital of France?", 16)
+        .await
+        .unwrap();
+    assert!(!c.text.trim().is_empty());
+    let r = powerinfer::report();
+    // Every prompt and generated token passes all 30 layers.
+    assert!(r.rows >= 30 * (c.tokens as u64 + 5), "{r:?}");
+    assert!(r.sparsity() > 0.05 && r.sparsity() < 0.99, "{r:?}");
+    drop(m);
+
+    // A dense load adds no sparse layer.
+    powerinfer::disable();
+    let before = powerinfer::report().layers;
+    let dense = greedy::load(&model()).await.unwrap();
+    assert_eq!(powerinfer::report().layers, before);
+    drop(dense);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn artifact_of_another_model_is_refused() {
+    let Some(art) = artifact() else { return };
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = temp("other-model");
+    let mut bytes = std::fs::read(model()).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1; // the last weight byte: still a valid GGUF file
+    let other = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    std::fs::write(&other, bytes).unwrap();
+    powerinfer::enable(PowerInferConfig::artifact(&art));
+    let e = greedy::load(&other).await.err().expect("must be refused");
+    powerinfer::disable();
+    let msg = format!("{e:#}");
+    assert!(msg.contains("artifact was made for"), "{msg}");
+    std::fs::remove_dir_all(d).ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_artifacts_and_settings_are_named() {
+    let Some(art) = artifact() else { return };
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = temp("bad-artifact");
+    let half = d.join("half.powerinfer");
+    let bytes = std::fs::read(&art).unwrap();
+    std::fs::write(&half, &bytes[..bytes.len() / 2]).unwrap();
+    let e = load_with(PowerInferConfig::artifact(&half))
+        .await
+        .err()
+        .unwrap();
+    assert!(format!("{e:#}").contains("half.powerinfer"), "{e:#}");
+
+    let missing = d.join("missing.powerinfer");
+    let e = load_with(PowerInferConfig::artifact(&missing))
+        .await
+        .err()
+        .unwrap();
+    assert!(format!("{e:#}").contains("missing.powerinfer"), "{e:#}");
+
+    let cfg = PowerInferConfig::artifact(&art).with_predictor_sparsity(0.99);
+    let e = load_with(cfg).await.err().unwrap();
+    assert!(
+        format!("{e:#}").contains("outside the artifact's sweep"),
+        "{e:#}"
+    );
+
+    let e = load_with(PowerInferConfig::all_neurons().with_threads(0))
+        .await
+        .err()
+        .unwrap();
+    assert!(format!("{e:#}").contains("threads"), "{e:#}");
+    std::fs::remove_dir_all(d).ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn artifact_predictors_generate_text() {
+    let Some(art) = artifact() else { return };
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let m = load_with(PowerInferConfig::artifact(&art).with_predictor_sparsity(0.3))
+        .await
+        .unwrap();
+    powerinfer::reset_report();
+    let c = greedy::greedy(&m, "Write one sentence about the sea.", 24)
+        .await
+        .unwrap();
+    let words = c.text.split_whitespace().count();
+    assert!(words >= 5, "{:?}", c.text);
+    let s = powerinfer::report().sparsity();
+    assert!(
+        s > 0.15 && s < 0.6,
+        "realized sparsity {s} for a 30% target"
+    );
+}
