@@ -17,7 +17,7 @@
 //! [`Artifact::check_model`] refuses an artifact made for another model file.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use half::f16;
 use safetensors::tensor::{Dtype, TensorView};
@@ -26,9 +26,11 @@ use serde::{Deserialize, Serialize};
 use crate::activation::Activation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::FfnSpec;
+use crate::hybrid::HybridFfn;
 use crate::place::LayerPlacement;
 use crate::predict::LowRank;
 use crate::train::QUANTILE_STEPS;
+use crate::train::{Trained, QUANTILE_MAX};
 
 /// Format name stored in the metadata.
 pub const ARTIFACT_FORMAT: &str = "powerinfer";
@@ -449,5 +451,73 @@ impl Artifact {
             self.layers[l].hot.clone(),
             Some(l),
         )
+    }
+
+    /// Installs layer `l`'s predictor and placement in `ffn`, after checking that the layer was
+    /// analyzed with `ffn`'s spec. With `sparsity`, the predictor's score threshold is the one
+    /// the validation quantiles give for that FFN sparsity instead of the stored target-recall
+    /// threshold.
+    pub fn install(&self, l: usize, ffn: &mut HybridFfn, sparsity: Option<f64>) -> Result<()> {
+        let spec = self.spec(l)?;
+        if spec != *ffn.spec() {
+            return Err(Error::config(
+                "artifact",
+                format!(
+                    "layer {l} was analyzed as {spec:?}, the model has {:?}",
+                    ffn.spec()
+                ),
+            ));
+        }
+        let threshold = match sparsity {
+            None => None,
+            Some(s) => Some(
+                Trained::threshold_for_sparsity(&self.layers[l].score_quantiles, s).ok_or_else(
+                    || {
+                        Error::config(
+                            "sparsity",
+                            format!("{s} is outside the artifact's sweep [0, {QUANTILE_MAX}]"),
+                        )
+                    },
+                )?,
+            ),
+        };
+        ffn.set_predictor(self.predictor(l, threshold)?);
+        ffn.set_placement(self.placement(l)?)
+    }
+}
+
+/// The fingerprint [`Artifact::check_model`] compares: the sha256 (hex) of a single model file;
+/// for several files (a checkpoint's `*.safetensors` and `config.json`), the sha256 of their
+/// hex sums concatenated in path order.
+pub fn model_sha256(files: &[PathBuf]) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+    fn file_sha(p: &Path) -> Result<String> {
+        let io = |e: std::io::Error| -> Error {
+            ErrorKind::Format {
+                file: p.display().to_string(),
+                reason: format!("reading the model file: {e}"),
+            }
+            .into()
+        };
+        let mut f = std::fs::File::open(p).map_err(io)?;
+        let mut h = Sha256::new();
+        std::io::copy(&mut f, &mut h).map_err(io)?;
+        Ok(hex(&h.finalize()))
+    }
+    match files {
+        [] => Err(Error::config("model file", "no file to fingerprint")),
+        [one] => file_sha(one),
+        many => {
+            let mut sorted = many.to_vec();
+            sorted.sort();
+            let mut all = String::new();
+            for f in &sorted {
+                all.push_str(&file_sha(f)?);
+            }
+            Ok(hex(&Sha256::digest(all.as_bytes())))
+        }
     }
 }

@@ -46,8 +46,8 @@ mod train;
 
 pub use activation::Activation;
 pub use artifact::{
-    activation_name, Artifact, ArtifactMeta, CalibrationSummary, LayerMeta, LayerTensors,
-    ARTIFACT_FORMAT, ARTIFACT_VERSION,
+    activation_name, model_sha256, Artifact, ArtifactMeta, CalibrationSummary, LayerMeta,
+    LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
 };
 pub use cpu::{
     dequantize_row, quantize_row_q8_0, share, CpuTier, Kernels, Pool, QuantKind, QuantizedRow,

@@ -166,3 +166,70 @@ fn inconsistent_artifacts_are_not_written() {
     assert!(a.save(&p).unwrap_err().to_string().contains("swish9"));
     assert!(!p.exists());
 }
+
+#[test]
+fn install_checks_the_spec_and_sets_predictor_and_placement() {
+    use candle_core::{Device, Tensor};
+    use powerinfer::{Activation, FfnSpec, FfnWeights, HybridFfn, HybridOptions, WeightDType};
+    let (hidden, n) = (64, 96);
+    let a = sample(2, hidden, n, 8);
+    let ffn = |n: usize| {
+        let w = |r: usize, c: usize| Tensor::randn(0f32, 0.1, (r, c), &Device::Cpu).unwrap();
+        let (g, u, d) = (w(n, hidden), w(n, hidden), w(hidden, n));
+        let spec = FfnSpec::new(hidden, n, Activation::Silu, true).unwrap();
+        let opts = HybridOptions {
+            threads: 1,
+            ..Default::default()
+        };
+        let weights = FfnWeights::gated(&g, &u, &d);
+        HybridFfn::from_weights(spec, weights, WeightDType::F32, opts).unwrap()
+    };
+    let mut f = ffn(n);
+    a.install(1, &mut f, None).unwrap();
+    assert_eq!(f.placement().hot(), &a.layers[1].hot[..]);
+    let stored = format!("{:?}", f.predictor());
+    assert!(
+        stored.contains("rank: 8") && stored.contains("threshold: 0.5"),
+        "{stored}"
+    );
+    a.install(1, &mut f, Some(0.5)).unwrap();
+    let chosen = format!("{:?}", f.predictor());
+    assert!(chosen.contains("rank: 8") && chosen != stored, "{chosen}");
+
+    let e = a.install(1, &mut f, Some(0.99)).unwrap_err().to_string();
+    assert!(e.contains("outside the artifact's sweep"), "{e}");
+    let e = a.install(2, &mut f, None).unwrap_err().to_string();
+    assert!(e.contains("2 is not in the artifact"), "{e}");
+    let e = a
+        .install(0, &mut ffn(n + 32), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("layer 0 was analyzed as"), "{e}");
+}
+
+#[test]
+fn model_fingerprint_is_the_file_hash_or_the_hash_of_sorted_hashes() {
+    let d = temp("fingerprint");
+    std::fs::create_dir_all(&d).unwrap();
+    let (a, b) = (d.join("a.safetensors"), d.join("config.json"));
+    std::fs::write(&a, b"weights").unwrap();
+    std::fs::write(&b, b"{}").unwrap();
+    let one = powerinfer::model_sha256(std::slice::from_ref(&a)).unwrap();
+    assert_eq!(
+        one,
+        "9a129038d9a00aed0cf6a7ea059ca50a813449061ab87848cf1a13eafdf33b2c", // sha256("weights")
+    );
+    let ab = powerinfer::model_sha256(&[a.clone(), b.clone()]).unwrap();
+    let ba = powerinfer::model_sha256(&[b.clone(), a.clone()]).unwrap();
+    assert_eq!(ab, ba, "order of the files given must not matter");
+    assert_ne!(ab, one);
+    std::fs::write(&a, b"weightz").unwrap();
+    assert_ne!(
+        powerinfer::model_sha256(&[a.clone(), b.clone()]).unwrap(),
+        ab
+    );
+    let e = powerinfer::model_sha256(&[d.join("missing.gguf")]).unwrap_err();
+    assert!(e.to_string().contains("missing.gguf"), "{e}");
+    assert!(powerinfer::model_sha256(&[]).is_err());
+    std::fs::remove_dir_all(d).ok();
+}

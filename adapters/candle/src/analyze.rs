@@ -154,34 +154,7 @@ impl Llama {
         let hybrids = self.hybrids()?;
         need_layers("artifact layers", hybrids.len(), a.layers.len())?;
         for (l, h) in hybrids.into_iter().enumerate() {
-            let spec = a.spec(l)?;
-            if spec != *h.spec() {
-                return Err(powerinfer::Error::config(
-                    "artifact",
-                    format!(
-                        "layer {l} was analyzed as {spec:?}, the model has {:?}",
-                        h.spec()
-                    ),
-                )
-                .into());
-            }
-            let threshold = match sparsity {
-                None => None,
-                Some(s) => Some(
-                    powerinfer::Trained::threshold_for_sparsity(&a.layers[l].score_quantiles, s)
-                        .ok_or_else(|| {
-                            powerinfer::Error::config(
-                                "sparsity",
-                                format!(
-                                    "{s} is outside the artifact's sweep [0, {}]",
-                                    powerinfer::QUANTILE_MAX
-                                ),
-                            )
-                        })?,
-                ),
-            };
-            h.set_predictor(a.predictor(l, threshold)?);
-            h.set_placement(a.placement(l)?)?;
+            a.install(l, h, sparsity)?;
         }
         Ok(())
     }
@@ -218,7 +191,7 @@ pub fn model_sha256(path: &Path) -> Result<String> {
     if !path.is_dir() {
         return crate::fetch::sha256_file(path);
     }
-    let mut files: Vec<_> = std::fs::read_dir(path)
+    let files: Vec<_> = std::fs::read_dir(path)
         .map_err(|e| Error::io(path, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -226,12 +199,7 @@ pub fn model_sha256(path: &Path) -> Result<String> {
                 || p.file_name().is_some_and(|n| n == "config.json")
         })
         .collect();
-    files.sort();
-    let mut all = String::new();
-    for f in &files {
-        all.push_str(&crate::fetch::sha256_file(f)?);
-    }
-    Ok(crate::fetch::sha256_bytes(all.as_bytes()))
+    Ok(powerinfer::model_sha256(&files)?)
 }
 
 /// The storage the hybrid FFN uses for a model by default (`FfnMode::Hybrid { storage: None }`):

@@ -9,7 +9,7 @@
 //! [`ENV_CONFIG`] (an artifact path, `all` or `gate-first:T`), [`ENV_SPARSITY`] and
 //! [`ENV_THREADS`] when nothing was enabled in code.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 
 use candle_core::quantized::QTensor;
@@ -263,7 +263,8 @@ impl LoadScope {
                 let artifact = match &config.neurons {
                     Neurons::Artifact { path, .. } => {
                         let a = powerinfer::Artifact::load(path).map_err(engine_err)?;
-                        a.check_model(&model_sha256(files)?).map_err(engine_err)?;
+                        let sha = powerinfer::model_sha256(files).map_err(engine_err)?;
+                        a.check_model(&sha).map_err(engine_err)?;
                         Some(a)
                     }
                     _ => None,
@@ -285,33 +286,6 @@ impl Drop for LoadScope {
 
 fn current_plan() -> Option<Arc<Plan>> {
     PLAN.lock().unwrap_or_else(|e| e.into_inner()).clone()
-}
-
-/// sha256 of one model file, or of the concatenated hex sums of several sorted by path (how
-/// `powerinfer analyze` fingerprints a checkpoint directory).
-fn model_sha256(files: &[PathBuf]) -> Result<String> {
-    use sha2::{Digest, Sha256};
-    fn file_sha(p: &Path) -> Result<String> {
-        let mut f = std::fs::File::open(p).map_err(|e| bad(format!("{}: {e}", p.display())))?;
-        let mut h = Sha256::new();
-        std::io::copy(&mut f, &mut h).map_err(|e| bad(format!("{}: {e}", p.display())))?;
-        Ok(hex(&h.finalize()))
-    }
-    fn hex(b: &[u8]) -> String {
-        b.iter().map(|x| format!("{x:02x}")).collect()
-    }
-    match files {
-        [one] => file_sha(one),
-        many => {
-            let mut sorted = many.to_vec();
-            sorted.sort();
-            let mut all = String::new();
-            for f in &sorted {
-                all.push_str(&file_sha(f)?);
-            }
-            Ok(hex(&Sha256::digest(all.as_bytes())))
-        }
-    }
 }
 
 fn engine_activation(act: Activation) -> Result<powerinfer::Activation> {
@@ -347,32 +321,12 @@ fn build(plan: &Plan, layer: usize, bundles: powerinfer::NeuronBundles) -> Resul
             },
             Some(a),
         ) => {
-            let recorded = a.spec(layer).map_err(engine_err)?;
-            if recorded != spec {
-                return Err(bad(format!(
-                    "layer {layer} was analyzed as {recorded:?}, the model has {spec:?}"
-                )));
-            }
-            let threshold = match predictor_sparsity {
-                None => None,
-                Some(s) => Some(
-                    powerinfer::Trained::threshold_for_sparsity(
-                        &a.layers[layer].score_quantiles,
-                        *s,
-                    )
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "predictor sparsity {s} is outside the artifact's sweep [0, {}]",
-                            powerinfer::QUANTILE_MAX
-                        ))
-                    })?,
-                ),
-            };
-            ffn.set_predictor(a.predictor(layer, threshold).map_err(engine_err)?);
-            ffn.set_placement(a.placement(layer).map_err(engine_err)?)
+            a.install(layer, &mut ffn, *predictor_sparsity)
                 .map_err(engine_err)?;
         }
-        (Neurons::Artifact { .. }, None) => unreachable!("the plan loads the artifact"),
+        (Neurons::Artifact { path, .. }, None) => {
+            return Err(bad(format!("{} was not loaded", path.display())));
+        }
     }
     ffn.enable_stats(0.0);
     let ffn = Arc::new(ffn);
