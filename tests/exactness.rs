@@ -160,7 +160,10 @@ proptest! {
 
 /// Quantized storage (Q4_0, Q4_1, Q8_0 gate/up, Q8_0 down): the kernels multiply the stored
 /// blocks with the input quantized to 8 bits per 32 values, so the reference is the masked dense
-/// FFN on the dequantized weights and on that same quantized input. Only summation order differs.
+/// FFN on the dequantized weights and on that same quantized input. Only summation order differs,
+/// and for Q4_1 the min term: it uses Q8_1's `s = d * sum(q)` rounded to f16 (twice, as ggml and
+/// candle store it), which a dequantized input cannot express: up to 2^-10 of that term per block,
+/// hence 2e-3 for Q4_1 (the bit-exact check against candle's own Q4_1 product is in `linear.rs`).
 fn check_quant(c: &Case, dtype: WeightDType, gate_first: bool) -> Result<(), TestCaseError> {
     let spec = FfnSpec::new(c.hidden, c.inter, c.act, c.gated).unwrap();
     let w = Weights::random(&spec, c.seed);
@@ -197,8 +200,9 @@ fn check_quant(c: &Case, dtype: WeightDType, gate_first: bool) -> Result<(), Tes
     let mask = (!gate_first).then_some(&b.mask[..]);
     let r = masked_reference(&xd, &spec, ffn.bundles(), mask);
     let e = rel_err(&y, &r);
+    let tol = if dtype == WeightDType::Q4_1 { 2e-3 } else { 1e-4 };
     prop_assert!(
-        e <= 1e-4,
+        e <= tol,
         "{dtype:?} gate_first={gate_first}: rel err {e} for {c:?}"
     );
     Ok(())

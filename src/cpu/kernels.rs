@@ -9,6 +9,9 @@ use std::str::FromStr;
 
 use half::{bf16, f16};
 
+use std::ops::Range;
+
+use super::packed::{self, PackedRows};
 use super::quant::{self, QuantKind, QuantizedRow};
 use super::simd::{self, Scalar};
 use crate::error::{Error, Result};
@@ -113,6 +116,15 @@ impl FromStr for CpuTier {
     }
 }
 
+/// AVX-512 with the byte and VNNI extensions the packed integer product needs.
+#[cfg(target_arch = "x86_64")]
+fn has_vnni512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
 type DotFn<E> = fn(&[E], &[f32]) -> f32;
 type AxpyFn<E> = fn(&mut [f32], f32, &[E]);
 type Dot4Fn<E> = fn([&[E]; 4], &[f32]) -> [f32; 4];
@@ -136,7 +148,14 @@ pub struct Kernels {
     axpy4_bf16: Axpy4Fn<bf16>,
     dot_q: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
     axpy_q8_0: fn(&mut [f32], f32, &[u8]),
+    pub(crate) gemm_q: GemmFn,
+    attend: AttendFn,
 }
+
+type AttendFn = fn(&[f32], &[f32], &[f32], usize, usize, usize, f32, &mut [f32], &mut [f32]);
+
+/// The packed-matrix product (see `packed::gemm` for the contract the kernels rely on).
+pub(crate) type GemmFn = fn(&PackedRows, Range<usize>, &[QuantizedRow], &mut [f32]);
 
 impl fmt::Debug for Kernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -167,6 +186,16 @@ macro_rules! table {
             // SAFETY: only reachable through a table built after detecting these features.
             unsafe { simd::axpy4::<$S, E>(y, a, w) }
         }
+        #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn attend(
+            q: &[f32], k: &[f32], v: &[f32], hd: usize, stride: usize, n: usize, scale: f32,
+            scores: &mut [f32], out: &mut [f32],
+        ) {
+            // SAFETY: only reachable through a table built after detecting these features;
+            // `Kernels::attend` checked the lengths.
+            unsafe { simd::attend::<$S>(q, k, v, hd, stride, n, scale, scores, out) }
+        }
         Kernels {
             tier: $tier,
             // SAFETY (all twelve): `Kernels::new` builds this table only when `is_supported()`.
@@ -184,6 +213,9 @@ macro_rules! table {
             axpy4_bf16: |y, a, w| unsafe { axpy4::<bf16>(y, a, w) },
             dot_q: quant::dot_scalar,
             axpy_q8_0: quant::axpy_q8_0_scalar,
+            gemm_q: packed::gemm_scalar,
+            // SAFETY: as above; lengths checked by `Kernels::attend`.
+            attend: |q, k, v, hd, st, n, sc, s, o| unsafe { attend(q, k, v, hd, st, n, sc, s, o) },
         }
     }};
 }
@@ -213,8 +245,26 @@ impl Kernels {
             // SAFETY (both): AVX2 and FMA were detected just above.
             k.dot_q = |kind, w, x| unsafe { quant::avx2::dot(kind, w, x) };
             k.axpy_q8_0 = |y, a, w| unsafe { quant::avx2::axpy_q8_0(y, a, w) };
+            // SAFETY: AVX2, FMA and F16C are part of every tier above scalar (checked above).
+            k.gemm_q = |p, g, x, o| unsafe { packed::x86::gemm_avx2(p, g, x, o) };
+        }
+        // The packed integer product uses AVX-512 VNNI where the AVX-512 tier has it.
+        #[cfg(target_arch = "x86_64")]
+        if tier == CpuTier::Avx512 && has_vnni512() {
+            // SAFETY: AVX-512F/BW/VNNI detected by `has_vnni512`.
+            k.gemm_q = |p, g, x, o| unsafe { packed::x86::gemm_vnni(p, g, x, o) };
         }
         Ok(k)
+    }
+
+    /// True when the integer kernels of this table use AVX-512 VNNI.
+    pub fn uses_vnni(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.tier == CpuTier::Avx512 && has_vnni512()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
     }
 
     fn scalar() -> Kernels {
@@ -235,6 +285,11 @@ impl Kernels {
             axpy4_bf16: |y, a, w| unsafe { simd::axpy4::<Scalar, bf16>(y, a, w) },
             dot_q: quant::dot_scalar,
             axpy_q8_0: quant::axpy_q8_0_scalar,
+            gemm_q: packed::gemm_scalar,
+            // SAFETY: the scalar tier needs no CPU feature; lengths checked by `Kernels::attend`.
+            attend: |q, k, v, hd, st, n, sc, s, o| unsafe {
+                simd::attend::<Scalar>(q, k, v, hd, st, n, sc, s, o)
+            },
         }
     }
 
@@ -316,6 +371,50 @@ impl Kernels {
     /// `y += a * w` for a Q8_0 row.
     pub fn axpy_q8_0(&self, y: &mut [f32], a: f32, w: &[u8]) {
         (self.axpy_q8_0)(y, a, w)
+    }
+
+    /// Attention for one query position of the `q.len() / hd` query heads sharing one KV head,
+    /// over `n` cached positions (`k`, `v`: position `j` at `j * stride`, `hd` values each):
+    /// scaled scores into `scores` (`heads * n`), a softmax per head in candle's order, and the
+    /// weighted sum of values into `out` (`q.len()`). A typed error names a slice that is too
+    /// short; nothing is read out of bounds.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        hd: usize,
+        stride: usize,
+        n: usize,
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        if hd == 0 || q.len() % hd != 0 || stride < hd {
+            return Err(Error::config(
+                "attention",
+                format!("query of {} values, head size {hd}, stride {stride}", q.len()),
+            ));
+        }
+        let heads = q.len() / hd;
+        let kv = if n == 0 { 0 } else { (n - 1) * stride + hd };
+        for (name, len, need) in [
+            ("attention keys", k.len(), kv),
+            ("attention values", v.len(), kv),
+            ("attention scores", scores.len(), heads * n),
+            ("attention output", out.len(), q.len()),
+        ] {
+            if len < need {
+                return Err(Error::shape(name, &[Some(need)], &[len]));
+            }
+        }
+        if n == 0 {
+            out[..q.len()].fill(0.0);
+            return Ok(());
+        }
+        (self.attend)(q, k, v, hd, stride, n, scale, scores, out);
+        Ok(())
     }
 
     /// The dot kernel for storage element `E`.

@@ -6,6 +6,7 @@
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod packed;
 mod pool;
 mod quant;
 mod simd;
@@ -41,6 +42,8 @@ pub(crate) fn prefetch<T>(s: &[T]) {
 
 /// How many neurons ahead the row loops prefetch.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
+pub use packed::{PackedRows, PACK};
+pub(crate) use packed::gemm;
 pub use pool::{share, Pool};
 pub use quant::{dequantize_row, quantize_row_q8_0, QuantKind, QuantizedRow, QK};
 pub(crate) use sparse::{SparseJob, ThreadScratch};

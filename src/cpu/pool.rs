@@ -186,6 +186,30 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// [`Pool::run_chunks`] with per-thread state: `f(item_range, part, &mut states[t])`. The items
+    /// are shared among `min(threads(), states.len())` threads (none run without a state).
+    pub fn run_chunks_with<T: Send, S: Send>(
+        &self,
+        data: &mut [T],
+        items: usize,
+        per_item: usize,
+        states: &mut [S],
+        f: &(dyn Fn(std::ops::Range<usize>, &mut [T], &mut S) + Sync),
+    ) {
+        let n = self.threads.min(states.len());
+        let len = data.len();
+        let base = SendPtr(data.as_mut_ptr());
+        self.run_with(states, &|t, st| {
+            let r = share(items, t, n);
+            let (lo, hi) = ((r.start * per_item).min(len), (r.end * per_item).min(len));
+            // SAFETY: as in `run_chunks`: disjoint, in-bounds sub-slices per thread.
+            let part = unsafe { std::slice::from_raw_parts_mut(base.get().add(lo), hi - lo) };
+            f(r, part, st);
+        });
+    }
+}
+
 /// The static share of `len` items that thread `t` of `n` works on: contiguous, sizes differ by at
 /// most one, independent of timing.
 pub fn share(len: usize, t: usize, n: usize) -> std::ops::Range<usize> {

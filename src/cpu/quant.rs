@@ -38,36 +38,41 @@ impl QuantKind {
     }
 }
 
-/// One row of activations quantized to 8 bits per 32-value block: `x ~= d[b] * q[32 b + j]`, and
-/// `s[b] = d[b] * sum_j q[32 b + j]` (for the offset terms of Q4_0 and Q4_1).
+/// One row of activations quantized to 8 bits per 32-value block, exactly as ggml (and candle's
+/// quantized matmul) quantize a row to Q8_0 / Q8_1: `d = amax / 127` rounded to f16, `q =
+/// round(x * 127 / amax)`, so the integer products our kernels form are the ones llama.cpp and
+/// candle form. `x ~= d[b] * q[32 b + j]`; `sum[b]` is the block's `sum_j q`, and `s[b]` Q8_1's
+/// rounded `d * sum` (candle: `f16(f16(sum) * d)`) used by Q4_1's min term.
 #[derive(Debug, Clone, Default)]
 pub struct QuantizedRow {
-    d: Vec<f32>,
-    s: Vec<f32>,
-    q: Vec<i8>,
+    pub(crate) d: Vec<f32>,
+    pub(crate) sum: Vec<i32>,
+    pub(crate) s: Vec<f32>,
+    pub(crate) q: Vec<i8>,
 }
 
 impl QuantizedRow {
     /// Quantizes `x` (length a multiple of 32) into this row, reusing its buffers.
     pub fn quantize(&mut self, x: &[f32]) {
         let nb = x.len() / QK;
-        self.d.clear();
-        self.s.clear();
-        self.q.clear();
-        for blk in x.chunks_exact(QK) {
+        self.d.resize(nb, 0.0);
+        self.sum.resize(nb, 0);
+        self.s.resize(nb, 0.0);
+        self.q.resize(nb * QK, 0);
+        for (b, blk) in x.chunks_exact(QK).enumerate() {
             let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             let mut sum = 0i32;
-            for &v in blk {
-                let q = (v * id).round() as i8;
-                sum += q as i32;
-                self.q.push(q);
+            for (q, &v) in self.q[b * QK..(b + 1) * QK].iter_mut().zip(blk) {
+                *q = (v * id).round() as i8;
+                sum += *q as i32;
             }
-            self.d.push(d);
-            self.s.push(d * sum as f32);
+            let d16 = f16::from_f32(d);
+            self.d[b] = d16.to_f32();
+            self.sum[b] = sum;
+            self.s[b] = (f16::from_f32(sum as f32) * d16).to_f32();
         }
-        debug_assert_eq!(self.d.len(), nb);
     }
 
     /// The values the integer kernels see: `out[j] = d[j / 32] * q[j]`.
@@ -80,6 +85,16 @@ impl QuantizedRow {
     /// Blocks in the row.
     pub fn blocks(&self) -> usize {
         self.d.len()
+    }
+
+    /// The 8-bit values, 32 per block.
+    pub fn values(&self) -> &[i8] {
+        &self.q
+    }
+
+    /// Per block: the scale `d` (an f16 value), `sum(q)`, and Q8_1's rounded `s`.
+    pub fn block(&self, b: usize) -> Option<(f32, i32, f32)> {
+        Some((*self.d.get(b)?, *self.sum.get(b)?, *self.s.get(b)?))
     }
 }
 
@@ -128,7 +143,9 @@ pub fn dequantize_row(kind: QuantKind, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// `w . x` for a quantized row against a quantized input (scalar reference).
+/// `w . x` for a quantized row against a quantized input (scalar reference). Per block, the
+/// integer sum is exact and the scaling is ggml's: Q4_0 `d_w d_x sum (q - 8) x`, Q4_1
+/// `(sum q x) d_w d_x + m s`, Q8_0 `d_w d_x sum q x`.
 pub fn dot_scalar(kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
     let bb = kind.block_bytes();
     let mut acc = 0f32;
@@ -147,18 +164,17 @@ pub fn dot_scalar(kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
                     s += (qs[j] & 0xF) as i32 * xq[j] as i32
                         + (qs[j] >> 4) as i32 * xq[j + 16] as i32;
                 }
-                let off = if kind == QuantKind::Q4_1 {
-                    f16_at(b, 2)
+                if kind == QuantKind::Q4_1 {
+                    s as f32 * d * x.d[i] + f16_at(b, 2) * x.s[i]
                 } else {
-                    -8.0 * d
-                };
-                d * x.d[i] * s as f32 + off * x.s[i]
+                    (s - 8 * x.sum[i]) as f32 * d * x.d[i]
+                }
             }
             QuantKind::Q8_0 => {
                 let s: i32 = (0..QK)
                     .map(|j| (b[2 + j] as i8) as i32 * xq[j] as i32)
                     .sum();
-                d * x.d[i] * s as f32
+                s as f32 * d * x.d[i]
             }
         };
     }
@@ -236,7 +252,8 @@ pub(crate) mod avx2 {
                     off +=
                         f16_at(w, i * bb + 2) * x.s[i] + f16_at(w, (i + 1) * bb + 2) * x.s[i + 1];
                 } else if K == 0 {
-                    off -= 8.0 * (d0 * x.s[i] + d1 * x.s[i + 1]);
+                    off -= 8.0
+                        * (d0 * x.d[i] * x.sum[i] as f32 + d1 * x.d[i + 1] * x.sum[i + 1] as f32);
                 }
                 i += 2;
             }
@@ -247,7 +264,7 @@ pub(crate) mod avx2 {
                 if K == 1 {
                     off += f16_at(w, i * bb + 2) * x.s[i];
                 } else if K == 0 {
-                    off -= 8.0 * d0 * x.s[i];
+                    off -= 8.0 * d0 * x.d[i] * x.sum[i] as f32;
                 }
             }
             let acc = _mm256_add_ps(a0, a1);

@@ -12,7 +12,7 @@ impl Llama {
             .iter_mut()
             .map(|l| match &mut l.ffn {
                 Ffn::Hybrid(h) => Ok(&mut **h),
-                Ffn::Dense(_) => Err(ErrorKind::Engine(powerinfer::Error::from(
+                Ffn::Dense(_) | Ffn::Kernels(_) => Err(ErrorKind::Engine(powerinfer::Error::from(
                     powerinfer::ErrorKind::Config {
                         setting: "ffn".into(),
                         reason: "this needs a model loaded with FfnMode::Hybrid".into(),
@@ -99,7 +99,7 @@ impl Llama {
                     let kept: u64 = s.counts.iter().sum();
                     1.0 - kept as f64 / (s.tokens.max(1) as f64 * s.counts.len() as f64)
                 }),
-                Ffn::Dense(_) => None,
+                Ffn::Dense(_) | Ffn::Kernels(_) => None,
             })
             .collect()
     }

@@ -21,6 +21,7 @@ mod config;
 mod error;
 mod eval;
 pub mod fetch;
+mod fused;
 mod generate;
 mod load;
 mod model;
@@ -34,7 +35,8 @@ pub use config::{activation_from_name, LlamaConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use generate::{generate, GenerateOptions, Generation};
 pub use load::{load_gguf, load_safetensors, FfnMode, GgufFile, PredictorChoice};
-pub use model::{DenseFfn, Ffn, FfnProbe, Llama, Timings};
+pub use fused::KernelFfn;
+pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
 pub use tokenizer::TextTokenizer;
 
 /// Opens a model: a `.gguf` file, or a directory with `config.json`, `*.safetensors` and

@@ -3,8 +3,9 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, QMatMul};
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use powerinfer::{
@@ -13,7 +14,8 @@ use powerinfer::{
 
 use crate::config::LlamaConfig;
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::{DenseFfn, Ffn, Layer, Linear, Llama, RmsNorm};
+use crate::fused::{Decoder, Embed, KernelFfn};
+use crate::model::{Attention, DenseFfn, Ffn, Layer, Linear, Llama, RmsNorm};
 
 /// Which neurons the hybrid FFN computes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,6 +41,14 @@ pub enum FfnMode {
     /// candle's f32 GEMM: the fastest way to push calibration text through a model
     /// ([`crate::Llama::probe_ffn`], `powerinfer analyze`). Costs 4 bytes per weight.
     Analysis,
+    /// The dense FFN on the file's blocks through powerinfer's integer kernels, and the whole
+    /// model on the fused decoder (no candle op per token, one thread pool of `threads`). Needs a
+    /// GGUF file whose projections, FFN and LM head are Q4_0, Q4_1 or Q8_0; anything else is a
+    /// typed error naming the tensor.
+    Fused {
+        /// Threads of the pool (the calling thread included).
+        threads: usize,
+    },
     /// `powerinfer::HybridFfn`.
     Hybrid {
         /// Storage of the neuron-major weights. `None`: as the file stores them (GGUF Q4_0, Q4_1
@@ -48,9 +58,11 @@ pub enum FfnMode {
         predictor: PredictorChoice,
         /// Threads, SIMD tier, prefill policy.
         options: HybridOptions,
-        /// Also run the attention projections through powerinfer's quantized kernels
-        /// (`QLinear`, GGUF Q4_0 / Q4_1 / Q8_0) instead of candle's matmul, which has no SIMD path
-        /// for some block types (Q4_1 among them).
+        /// Run the attention projections and the LM head through powerinfer's quantized kernels
+        /// (`QLinear`, GGUF Q4_0 / Q4_1 / Q8_0) instead of candle's matmul (which has no SIMD
+        /// path for some block types, Q4_1 among them). When every projection and the LM head
+        /// allow it, the whole model runs on the fused decoder ([`crate::Llama::is_fused`]);
+        /// otherwise the projections that allow it use `QLinear` inside candle's ops.
         powerinfer_linears: bool,
     },
 }
@@ -151,18 +163,56 @@ impl GgufFile {
     /// `QLinear` on `threads` threads when given and the block type allows, else candle's matmul.
     pub fn linear(&mut self, name: &str, powerinfer_threads: Option<usize>) -> Result<Linear> {
         let w = self.tensor(&format!("{name}.weight"))?;
-        let bias = format!("{name}.bias");
-        let b = if self.content.tensor_infos.contains_key(&bias) {
-            Some(self.dequantized(&bias)?)
-        } else {
-            None
-        };
+        let b = self.bias(name)?;
         if let Some(t) = powerinfer_threads {
             if let Ok(l) = powerinfer::QLinear::new(&w, b.as_ref(), t) {
                 return Ok(Linear::Powerinfer(std::sync::Arc::new(l)));
             }
         }
         qlinear(w, b)
+    }
+
+    /// `{name}.bias` dequantized, if the file has it.
+    pub fn bias(&mut self, name: &str) -> Result<Option<Tensor>> {
+        let bias = format!("{name}.bias");
+        if self.content.tensor_infos.contains_key(&bias) {
+            Ok(Some(self.dequantized(&bias)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// `{prefix}.{part}.weight` for each part (same block type and width), output features
+    /// stacked in order, as one powerinfer `QLinear` on `threads` threads; the parts' biases
+    /// (zeros where a part has none) stacked the same way.
+    pub fn stacked(
+        &mut self,
+        prefix: &str,
+        parts: &[&str],
+        threads: usize,
+    ) -> Result<powerinfer::QLinear> {
+        let mut ws = Vec::with_capacity(parts.len());
+        let mut biases = Vec::with_capacity(parts.len());
+        for part in parts {
+            let name = format!("{prefix}.{part}");
+            let w = self.tensor(&format!("{name}.weight"))?;
+            biases.push((w.shape().dims().first().copied().unwrap_or(0), self.bias(&name)?));
+            ws.push(w);
+        }
+        let bias = if biases.iter().any(|b| b.1.is_some()) {
+            let parts = biases
+                .into_iter()
+                .map(|(n, b)| match b {
+                    Some(b) => Ok(b.to_dtype(DType::F32)?),
+                    None => Ok(Tensor::zeros(n, DType::F32, &Device::Cpu)?),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Tensor::cat(&parts, 0)?)
+        } else {
+            None
+        };
+        let refs: Vec<_> = ws.iter().collect();
+        Ok(powerinfer::QLinear::stacked(&refs, bias.as_ref(), threads)?)
     }
 
     /// A tensor dequantized to f32.
@@ -191,8 +241,35 @@ fn qlinear(q: candle_core::quantized::QTensor, b: Option<Tensor>) -> Result<Line
     })
 }
 
-fn norm(w: Tensor, eps: f64) -> RmsNorm {
-    RmsNorm { w, eps: eps as f32 }
+fn norm(w: Tensor, eps: f64) -> Result<RmsNorm> {
+    RmsNorm::new(w, eps as f32)
+}
+
+/// Whether our integer kernels take this GGUF block type.
+fn packable(t: GgmlDType) -> bool {
+    matches!(t, GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q8_0)
+}
+
+/// The tensors the fused decoder needs as `QLinear`s: the first one whose block type our kernels
+/// do not take, if any (`ffn`: the FFN's too).
+fn unpackable(gguf: &GgufFile, cfg: &LlamaConfig, ffn: bool) -> Option<(String, GgmlDType)> {
+    let head = if gguf.content.tensor_infos.contains_key("output.weight") {
+        "output.weight"
+    } else {
+        "token_embd.weight"
+    };
+    let mut names = vec![head.to_string()];
+    for l in 0..cfg.layers {
+        let mut parts = vec!["attn_q", "attn_k", "attn_v", "attn_output"];
+        if ffn {
+            parts.extend(["ffn_gate", "ffn_up", "ffn_down"]);
+        }
+        names.extend(parts.iter().map(|n| format!("blk.{l}.{n}.weight")));
+    }
+    names.into_iter().find_map(|n| {
+        let t = gguf.content.tensor_infos.get(&n)?.ggml_dtype;
+        (!packable(t)).then_some((n, t))
+    })
 }
 
 /// Loads a llama-family GGUF file with each layer's FFN built as `mode` says.
@@ -200,43 +277,62 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     let mut cfg = LlamaConfig::from_gguf(&gguf.content)?;
     crate::pwri::adjust_config(gguf, &mut cfg);
     let dev = Device::Cpu;
-    let embed_q = gguf.tensor("token_embd.weight")?;
-    let embed = embed_q.dequantize(&dev)?;
-    let lm_head = if gguf.content.tensor_infos.contains_key("output.weight") {
-        gguf.tensor("output.weight")?
-    } else {
-        embed_q
+    // The fused decoder when every projection (and for `Fused` the FFN) is on our kernels.
+    let fused = match mode {
+        FfnMode::Fused { threads } => {
+            if *threads == 0 {
+                return Err(powerinfer::Error::config("threads", "must be at least 1").into());
+            }
+            if let Some((name, t)) = unpackable(gguf, &cfg, true) {
+                return Err(powerinfer::Error::config(
+                    "fused decoder",
+                    format!("tensor `{name}` is {t:?}; the fused decoder takes Q4_0, Q4_1 and Q8_0"),
+                )
+                .into());
+            }
+            Some(*threads)
+        }
+        FfnMode::Hybrid {
+            powerinfer_linears: true,
+            options,
+            ..
+        } if unpackable(gguf, &cfg, false).is_none() => Some(options.threads),
+        _ => None,
+    };
+    let ours = match mode {
+        FfnMode::Hybrid {
+            powerinfer_linears: true,
+            options,
+            ..
+        } => Some(options.threads),
+        _ => None,
     };
     let mut layers = Vec::with_capacity(cfg.layers);
     for l in 0..cfg.layers {
         let p = format!("blk.{l}");
-        let ours = match mode {
-            FfnMode::Hybrid {
-                powerinfer_linears: true,
-                options,
-                ..
-            } => Some(options.threads),
-            _ => None,
-        };
         let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
         let f32_linear = |g: &mut GgufFile, n: &str| -> Result<Linear> {
-            let bias = format!("{p}.{n}.bias");
-            let b = if g.content.tensor_infos.contains_key(&bias) {
-                Some(g.dequantized(&bias)?)
-            } else {
-                None
-            };
             Ok(Linear::Candle {
                 w: QMatMul::Tensor(deq(g, n)?),
-                b,
+                b: g.bias(&format!("{p}.{n}"))?,
             })
         };
         let lin = |g: &mut GgufFile, n: &str| match mode {
             FfnMode::Analysis => f32_linear(g, n),
             _ => g.linear(&format!("{p}.{n}"), ours),
         };
-        let (q, k) = (lin(gguf, "attn_q")?, lin(gguf, "attn_k")?);
-        let (v, o) = (lin(gguf, "attn_v")?, lin(gguf, "attn_output")?);
+        let attn = match fused {
+            Some(t) => Attention::Fused {
+                qkv: Arc::new(gguf.stacked(&p, &["attn_q", "attn_k", "attn_v"], t)?),
+                o: Arc::new(gguf.stacked(&p, &["attn_output"], t)?),
+            },
+            None => Attention::Ops {
+                q: lin(gguf, "attn_q")?,
+                k: lin(gguf, "attn_k")?,
+                v: lin(gguf, "attn_v")?,
+                o: lin(gguf, "attn_output")?,
+            },
+        };
         let ffn = match mode {
             FfnMode::Dense => Ffn::Dense(DenseFfn {
                 gate: gguf.linear(&format!("{p}.ffn_gate"), None)?,
@@ -250,6 +346,11 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
                 down: f32_linear(gguf, "ffn_down")?,
                 act: cfg.activation,
             }),
+            FfnMode::Fused { threads } => Ffn::Kernels(Box::new(KernelFfn {
+                gate_up: gguf.stacked(&p, &["ffn_gate", "ffn_up"], *threads)?,
+                down: gguf.stacked(&p, &["ffn_down"], *threads)?,
+                act: cfg.activation,
+            })),
             FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| match storage {
                 None => {
                     let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
@@ -268,32 +369,50 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
             })?,
         };
         layers.push(Layer {
-            attn_norm: norm(deq(gguf, "attn_norm")?, cfg.rms_eps),
-            q,
-            k,
-            v,
-            o,
-            ffn_norm: norm(deq(gguf, "ffn_norm")?, cfg.rms_eps),
+            attn_norm: norm(deq(gguf, "attn_norm")?, cfg.rms_eps)?,
+            attn,
+            ffn_norm: norm(deq(gguf, "ffn_norm")?, cfg.rms_eps)?,
             ffn,
             kv: None,
         });
     }
-    let norm_w = gguf.dequantized("output_norm.weight")?;
-    finish(
-        cfg,
-        embed,
-        layers,
-        norm(norm_w, 0.0),
-        qlinear(lm_head, None)?,
-    )
+    let norm_w = norm(gguf.dequantized("output_norm.weight")?, 0.0)?;
+    let embed_q = gguf.tensor("token_embd.weight")?;
+    let tied = !gguf.content.tensor_infos.contains_key("output.weight");
+    let Some(t) = fused else {
+        let embed = embed_q.dequantize(&dev)?;
+        let lm_head = if tied {
+            embed_q
+        } else {
+            gguf.tensor("output.weight")?
+        };
+        return finish(cfg, Some(embed), layers, norm_w, qlinear(lm_head, None)?, None);
+    };
+    // Fused: the LM head on our kernels; a tied embedding is read from its rows (held once).
+    let head = if tied {
+        Arc::new(powerinfer::QLinear::new(&embed_q, None, t)?)
+    } else {
+        Arc::new(powerinfer::QLinear::new(&gguf.tensor("output.weight")?, None, t)?)
+    };
+    let embed = if tied {
+        Embed::Packed(Arc::clone(&head))
+    } else if packable(embed_q.dtype()) {
+        Embed::Packed(Arc::new(powerinfer::QLinear::new(&embed_q, None, t)?))
+    } else {
+        Embed::F32(embed_q.dequantize(&dev)?.flatten_all()?.to_vec1::<f32>()?)
+    };
+    drop(embed_q);
+    let lm_head = Linear::Powerinfer(Arc::clone(&head));
+    finish(cfg, None, layers, norm_w, lm_head, Some((embed, head)))
 }
 
 fn finish(
     cfg: LlamaConfig,
-    embed: Tensor,
+    embed: Option<Tensor>,
     layers: Vec<Layer>,
     norm_: RmsNorm,
     lm_head: Linear,
+    fused: Option<(Embed, Arc<powerinfer::QLinear>)>,
 ) -> Result<Llama> {
     let norm_ = RmsNorm {
         eps: cfg.rms_eps as f32,
@@ -301,8 +420,19 @@ fn finish(
     };
     let positions = cfg.context.min(32_768);
     let (cos, sin) = crate::model::rope_tables(&cfg, positions, &Device::Cpu)?;
+    let decoder = match fused {
+        Some((embed, head)) => Some(Decoder::new(
+            &cfg,
+            embed,
+            head,
+            norm_.wv.clone(),
+            cos.flatten_all()?.to_vec1::<f32>()?,
+            sin.flatten_all()?.to_vec1::<f32>()?,
+        )?),
+        None => None,
+    };
     Ok(Llama {
-        embed: Embedding::new(embed, cfg.hidden),
+        embed: embed.map(|e| Embedding::new(e, cfg.hidden)),
         config: cfg,
         layers,
         norm: norm_,
@@ -310,7 +440,9 @@ fn finish(
         cos,
         sin,
         timings: None,
+        logits_copy: Vec::new(),
         pre_norm_rms: Vec::new(),
+        decoder,
     })
 }
 
@@ -348,6 +480,13 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
             b,
         })
     };
+    if let FfnMode::Fused { .. } = mode {
+        return Err(powerinfer::Error::config(
+            "fused decoder",
+            "needs a GGUF file with Q4_0, Q4_1 or Q8_0 projections (this is a safetensors checkpoint)",
+        )
+        .into());
+    }
     let embed = get("model.embed_tokens.weight")?;
     let mut layers = Vec::with_capacity(cfg.layers);
     for l in 0..cfg.layers {
@@ -355,12 +494,14 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
         let ab = cfg.attention_bias;
         let mlp = format!("{p}.mlp");
         let ffn = match mode {
-            FfnMode::Dense | FfnMode::DenseF32 | FfnMode::Analysis => Ffn::Dense(DenseFfn {
+            FfnMode::Dense | FfnMode::DenseF32 | FfnMode::Analysis | FfnMode::Fused { .. } => {
+                Ffn::Dense(DenseFfn {
                 gate: lin(&format!("{mlp}.gate_proj"), false)?,
                 up: lin(&format!("{mlp}.up_proj"), false)?,
                 down: lin(&format!("{mlp}.down_proj"), false)?,
                 act: cfg.activation,
-            }),
+                })
+            }
             FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| {
                 let w = |n: &str| get(&format!("{mlp}.{n}_proj.weight"));
                 let storage = storage.unwrap_or(WeightDType::F16);
@@ -368,15 +509,17 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
             })?,
         };
         layers.push(Layer {
-            attn_norm: norm(get(&format!("{p}.input_layernorm.weight"))?, cfg.rms_eps),
-            q: lin(&format!("{p}.self_attn.q_proj"), ab)?,
-            k: lin(&format!("{p}.self_attn.k_proj"), ab)?,
-            v: lin(&format!("{p}.self_attn.v_proj"), ab)?,
-            o: lin(&format!("{p}.self_attn.o_proj"), false)?,
+            attn_norm: norm(get(&format!("{p}.input_layernorm.weight"))?, cfg.rms_eps)?,
+            attn: Attention::Ops {
+                q: lin(&format!("{p}.self_attn.q_proj"), ab)?,
+                k: lin(&format!("{p}.self_attn.k_proj"), ab)?,
+                v: lin(&format!("{p}.self_attn.v_proj"), ab)?,
+                o: lin(&format!("{p}.self_attn.o_proj"), false)?,
+            },
             ffn_norm: norm(
                 get(&format!("{p}.post_attention_layernorm.weight"))?,
                 cfg.rms_eps,
-            ),
+            )?,
             ffn,
             kv: None,
         });
@@ -389,12 +532,13 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
     let norm_w = get("model.norm.weight")?;
     finish(
         cfg,
-        embed,
+        Some(embed),
         layers,
-        norm(norm_w, 0.0),
+        norm(norm_w, 0.0)?,
         Linear::Candle {
             w: QMatMul::Tensor(lm_head),
             b: None,
         },
+        None,
     )
 }

@@ -5,6 +5,7 @@
 //! own quantized matmul, op for op as `candle_transformers::models::quantized_llama`, so it is the
 //! peer the tests compare against.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::quantized::QMatMul;
@@ -14,6 +15,7 @@ use powerinfer::{Activation, HybridFfn};
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
+use crate::fused::{Decoder, KernelFfn};
 
 /// A linear layer: candle's `QMatMul` (quantized GGUF or dense safetensors weights, optional
 /// bias), or powerinfer's `QLinear` on GGUF Q4_0 / Q4_1 / Q8_0 blocks.
@@ -80,11 +82,14 @@ pub trait FfnProbe {
     fn observe(&mut self, layer: usize, x: &Tensor, h: &Tensor) -> Result<()>;
 }
 
-/// The FFN of one layer: dense reference or the hybrid sparse block.
+/// The FFN of one layer: dense reference, the dense FFN on powerinfer's kernels, or the hybrid
+/// sparse block.
 #[derive(Debug)]
 pub enum Ffn {
     /// candle's dense FFN.
     Dense(DenseFfn),
+    /// The dense FFN on the file's blocks through powerinfer's integer kernels (fused decoder).
+    Kernels(Box<KernelFfn>),
     /// powerinfer's sparse FFN.
     Hybrid(Box<HybridFfn>),
 }
@@ -93,6 +98,18 @@ impl Module for Ffn {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Ffn::Dense(d) => d.forward(x),
+            Ffn::Kernels(k) => {
+                let inter = k.down.dims().1;
+                let gu = k.gate_up.forward(x)?;
+                let last = gu.rank() - 1;
+                let (g, u) = (gu.narrow(last, 0, inter)?, gu.narrow(last, inter, inter)?);
+                let h = match k.act {
+                    Activation::Silu => (candle_nn::ops::silu(&g)? * u)?,
+                    Activation::DRelu => (g.relu()? * u.relu()?)?,
+                    a => (g.apply(&a.to_candle())? * u)?,
+                };
+                k.down.forward(&h)
+            }
             Ffn::Hybrid(h) => h.forward(x),
         }
     }
@@ -101,7 +118,16 @@ impl Module for Ffn {
 #[derive(Debug, Clone)]
 pub(crate) struct RmsNorm {
     pub(crate) w: Tensor,
+    /// The same weights as a slice, for the fused decoder.
+    pub(crate) wv: Vec<f32>,
     pub(crate) eps: f32,
+}
+
+impl RmsNorm {
+    pub(crate) fn new(w: Tensor, eps: f32) -> Result<Self> {
+        let wv = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(RmsNorm { w, wv, eps })
+    }
 }
 
 impl Module for RmsNorm {
@@ -110,15 +136,30 @@ impl Module for RmsNorm {
     }
 }
 
+/// A layer's attention projections.
+#[derive(Debug)]
+pub(crate) enum Attention {
+    /// Four projections run as candle ops around candle's attention (the reference path).
+    Ops {
+        q: Linear,
+        k: Linear,
+        v: Linear,
+        o: Linear,
+    },
+    /// q, k and v stacked in one `QLinear` and o in another: the fused decoder.
+    Fused {
+        qkv: Arc<powerinfer::QLinear>,
+        o: Arc<powerinfer::QLinear>,
+    },
+}
+
 #[derive(Debug)]
 pub(crate) struct Layer {
     pub(crate) attn_norm: RmsNorm,
-    pub(crate) q: Linear,
-    pub(crate) k: Linear,
-    pub(crate) v: Linear,
-    pub(crate) o: Linear,
+    pub(crate) attn: Attention,
     pub(crate) ffn_norm: RmsNorm,
     pub(crate) ffn: Ffn,
+    /// The candle path's KV cache.
     pub(crate) kv: Option<(Tensor, Tensor)>,
 }
 
@@ -137,20 +178,64 @@ pub struct Timings {
     pub calls: u64,
 }
 
+/// Bytes of weights (and KV cache) one decoded token reads, by component: the floor that memory
+/// bandwidth puts under decode time. See [`Llama::decode_bytes`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeBytes {
+    /// Attention projections (q, k, v, o) of every layer.
+    pub attention: usize,
+    /// FFN gate and up rows (every neuron: a sparse rule decides on them).
+    pub ffn_gate_up: usize,
+    /// FFN down rows of every neuron (a sparse FFN reads only its active neurons' share).
+    pub ffn_down: usize,
+    /// The LM head.
+    pub lm_head: usize,
+    /// Keys and values of one cached position, all layers (f32).
+    pub kv_per_position: usize,
+}
+
+impl DecodeBytes {
+    /// Bytes one token reads at `positions` cached positions when a share `down_skipped` of the
+    /// FFN's down rows is not read.
+    pub fn per_token(&self, positions: usize, down_skipped: f64) -> f64 {
+        (self.attention + self.ffn_gate_up + self.lm_head) as f64
+            + self.ffn_down as f64 * (1.0 - down_skipped.clamp(0.0, 1.0))
+            + (self.kv_per_position * positions) as f64
+    }
+}
+
+fn linear_bytes(l: &Linear) -> usize {
+    match l {
+        Linear::Candle { w, b } => {
+            let w = match w {
+                QMatMul::QTensor(q) => q.storage_size_in_bytes(),
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            };
+            w + b.as_ref().map_or(0, |b| b.elem_count() * 4)
+        }
+        Linear::Powerinfer(l) => l.weights().bytes(),
+    }
+}
+
 /// A llama-family causal LM.
 #[derive(Debug)]
 pub struct Llama {
     pub(crate) config: LlamaConfig,
-    pub(crate) embed: Embedding,
+    /// The candle path's embedding table (the fused decoder reads its own).
+    pub(crate) embed: Option<Embedding>,
     pub(crate) layers: Vec<Layer>,
     pub(crate) norm: RmsNorm,
     pub(crate) lm_head: Linear,
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
     pub(crate) timings: Option<Timings>,
+    /// The candle path's copy of the last logits for [`Llama::forward_logits`].
+    pub(crate) logits_copy: Vec<f32>,
     /// Per layer, where a PowerInfer predictor with a non-zero threshold wants the pre-norm RMS
     /// of each row (see `pwri.rs`); empty otherwise.
     pub(crate) pre_norm_rms: Vec<Option<powerinfer::RowRms>>,
+    /// The fused decoder, when every projection runs on powerinfer's kernels.
+    pub(crate) decoder: Option<Decoder>,
 }
 
 /// RoPE tables for `positions` positions.
@@ -194,11 +279,94 @@ impl Llama {
         self.timings.as_ref()
     }
 
+    /// Bytes of weights one decoded token reads, by component, as this model stores them.
+    pub fn decode_bytes(&self) -> DecodeBytes {
+        let cfg = &self.config;
+        let mut b = DecodeBytes {
+            lm_head: linear_bytes(&self.lm_head),
+            kv_per_position: 2 * cfg.layers * cfg.kv_heads * cfg.head_dim() * 4,
+            ..Default::default()
+        };
+        for l in &self.layers {
+            b.attention += match &l.attn {
+                Attention::Ops { q, k, v, o } => [q, k, v, o].iter().map(|l| linear_bytes(l)).sum(),
+                Attention::Fused { qkv, o } => qkv.weights().bytes() + o.weights().bytes(),
+            };
+            let (gu, d) = match &l.ffn {
+                Ffn::Dense(f) => (linear_bytes(&f.gate) + linear_bytes(&f.up), linear_bytes(&f.down)),
+                Ffn::Kernels(f) => (f.gate_up.weights().bytes(), f.down.weights().bytes()),
+                Ffn::Hybrid(h) => {
+                    let (spec, dt) = (h.spec(), h.bundles().dtype());
+                    let rows = if spec.gated { 2 } else { 1 };
+                    (
+                        rows * dt.row_bytes(spec.hidden) * spec.intermediate,
+                        dt.down().row_bytes(spec.hidden) * spec.intermediate,
+                    )
+                }
+            };
+            b.ffn_gate_up += gu;
+            b.ffn_down += d;
+        }
+        b
+    }
+
     /// Forgets the KV cache (start a new sequence).
     pub fn clear_kv_cache(&mut self) {
         for l in &mut self.layers {
             l.kv = None;
         }
+        if let Some(d) = &mut self.decoder {
+            d.clear();
+        }
+    }
+
+    /// Whether this model runs on the fused decoder (every projection and the FFN on
+    /// powerinfer's kernels and one thread pool; see [`crate::FfnMode`]) rather than on candle ops.
+    pub fn is_fused(&self) -> bool {
+        self.decoder.is_some()
+    }
+
+    /// Threads of the fused decoder's pool (`None` on the candle path).
+    pub fn fused_threads(&self) -> Option<usize> {
+        self.decoder.as_ref().map(Decoder::threads)
+    }
+
+    /// Preallocates the fused decoder's KV cache for `positions` positions (it otherwise grows
+    /// geometrically as a sequence does). No effect on the candle path.
+    pub fn reserve_kv_cache(&mut self, positions: usize) {
+        if let Some(d) = &mut self.decoder {
+            d.reserve(&self.config, positions);
+        }
+    }
+
+    /// Like [`Llama::forward`] but returns the last position's logits as a slice the model owns:
+    /// on the fused decoder this allocates nothing once the sequence's buffers have grown (the
+    /// decode loop of a server or benchmark). On the candle path it copies the logits tensor.
+    pub fn forward_logits(&mut self, tokens: &[u32], pos: usize) -> Result<&[f32]> {
+        if self.decoder.is_none() {
+            let t = self.forward_impl(tokens, pos, true)?;
+            self.logits_copy = t.to_vec1::<f32>()?;
+            return Ok(&self.logits_copy);
+        }
+        self.check_tokens_impl(tokens, pos)?;
+        let mut clock = Clock::new(self.timings.is_some());
+        let Llama {
+            config,
+            layers,
+            pre_norm_rms,
+            decoder: Some(d),
+            timings,
+            ..
+        } = self
+        else {
+            return Err(powerinfer::Error::config("fused decoder", "not built").into());
+        };
+        let logits = d.forward(config, layers, pre_norm_rms, tokens, pos, true, &mut clock)?;
+        clock.lap(Lap::LmHead);
+        if let Some(t) = timings {
+            clock.add_to(t);
+        }
+        Ok(logits)
     }
 
     /// Runs `tokens` (one sequence) at positions `pos..pos + tokens.len()` and returns the logits
@@ -239,6 +407,31 @@ impl Llama {
 
     fn forward_impl(&mut self, tokens: &[u32], pos: usize, last_only: bool) -> Result<Tensor> {
         let mut clock = Clock::new(self.timings.is_some());
+        if self.decoder.is_some() {
+            self.check_tokens_impl(tokens, pos)?;
+        }
+        if let Some(d) = &mut self.decoder {
+            let logits = d.forward(
+                &self.config,
+                &self.layers,
+                &self.pre_norm_rms,
+                tokens,
+                pos,
+                last_only,
+                &mut clock,
+            )?;
+            let vocab = self.config.vocab;
+            let t = if last_only {
+                Tensor::from_slice(logits, vocab, &Device::Cpu)?
+            } else {
+                Tensor::from_slice(logits, (tokens.len(), vocab), &Device::Cpu)?
+            };
+            clock.lap(Lap::LmHead);
+            if let Some(t) = &mut self.timings {
+                clock.add_to(t);
+            }
+            return Ok(t);
+        }
         let x = self.trunk_timed(tokens, pos, None, &mut clock)?;
         let seq = tokens.len();
         let x = if last_only {
@@ -261,23 +454,8 @@ impl Llama {
         Ok(logits)
     }
 
-    fn trunk(
-        &mut self,
-        tokens: &[u32],
-        pos: usize,
-        probe: Option<&mut dyn FfnProbe>,
-    ) -> Result<Tensor> {
-        self.trunk_timed(tokens, pos, probe, &mut Clock::new(false))
-    }
-
-    /// Embedding and decoder layers: the hidden states `[1, tokens, hidden]` before the final norm.
-    fn trunk_timed(
-        &mut self,
-        tokens: &[u32],
-        pos: usize,
-        mut probe: Option<&mut dyn FfnProbe>,
-        clock: &mut Clock,
-    ) -> Result<Tensor> {
+    /// Tokens to run at `pos`: at least one, inside the context and the vocabulary.
+    fn check_tokens_impl(&self, tokens: &[u32], pos: usize) -> Result<()> {
         let seq = tokens.len();
         if seq == 0 {
             return Err(ErrorKind::Prompt {
@@ -304,7 +482,29 @@ impl Llama {
             }
             .into());
         }
-        let dev = self.embed.embeddings().device().clone();
+        Ok(())
+    }
+
+    fn trunk(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        probe: Option<&mut dyn FfnProbe>,
+    ) -> Result<Tensor> {
+        self.trunk_timed(tokens, pos, probe, &mut Clock::new(false))
+    }
+
+    /// Embedding and decoder layers: the hidden states `[1, tokens, hidden]` before the final norm.
+    fn trunk_timed(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        mut probe: Option<&mut dyn FfnProbe>,
+        clock: &mut Clock,
+    ) -> Result<Tensor> {
+        self.check_tokens_impl(tokens, pos)?;
+        let seq = tokens.len();
+        let dev = Device::Cpu;
         let ids = Tensor::new(tokens, &dev)?.unsqueeze(0)?;
         let mask = if seq == 1 {
             None
@@ -313,7 +513,10 @@ impl Llama {
                 seq, pos, &dev,
             )?)
         };
-        let mut x = self.embed.forward(&ids)?;
+        let Some(embed) = &self.embed else {
+            return Err(powerinfer::Error::config("embedding", "fused models run on the fused decoder").into());
+        };
+        let mut x = embed.forward(&ids)?;
         let (cos, sin) = (self.cos.narrow(0, pos, seq)?, self.sin.narrow(0, pos, seq)?);
         clock.lap(Lap::Other);
         let cfg = &self.config;
@@ -355,16 +558,19 @@ fn attention(
 ) -> Result<Tensor> {
     let (b, seq, hidden) = x.dims3()?;
     let hd = cfg.head_dim();
+    let Attention::Ops { q, k, v, o } = &l.attn else {
+        return Err(powerinfer::Error::config("attention", "fused layers run on the fused decoder").into());
+    };
     let q =
-        l.q.forward(x)?
+        q.forward(x)?
             .reshape((b, seq, cfg.heads, hd))?
             .transpose(1, 2)?;
     let k =
-        l.k.forward(x)?
+        k.forward(x)?
             .reshape((b, seq, cfg.kv_heads, hd))?
             .transpose(1, 2)?;
     let v =
-        l.v.forward(x)?
+        v.forward(x)?
             .reshape((b, seq, cfg.kv_heads, hd))?
             .transpose(1, 2)?
             .contiguous()?;
@@ -396,11 +602,11 @@ fn attention(
     let att = candle_nn::ops::softmax_last_dim(&att)?;
     let y = att.matmul(&v.contiguous()?)?;
     let y = y.transpose(1, 2)?.reshape((b, seq, hidden))?;
-    Ok(l.o.forward(&y)?)
+    Ok(o.forward(&y)?)
 }
 
 #[derive(Clone, Copy)]
-enum Lap {
+pub(crate) enum Lap {
     Other,
     Attention,
     Ffn,
@@ -408,20 +614,20 @@ enum Lap {
 }
 
 /// Splits wall time between components when timing is on; free when off.
-struct Clock {
+pub(crate) struct Clock {
     last: Option<Instant>,
     t: Timings,
 }
 
 impl Clock {
-    fn new(on: bool) -> Self {
+    pub(crate) fn new(on: bool) -> Self {
         Clock {
             last: on.then(Instant::now),
             t: Timings::default(),
         }
     }
 
-    fn lap(&mut self, what: Lap) {
+    pub(crate) fn lap(&mut self, what: Lap) {
         let Some(last) = self.last.as_mut() else {
             return;
         };
@@ -437,7 +643,7 @@ impl Clock {
         *slot += d;
     }
 
-    fn add_to(&self, t: &mut Timings) {
+    pub(crate) fn add_to(&self, t: &mut Timings) {
         t.other += self.t.other;
         t.attention += self.t.attention;
         t.ffn += self.t.ffn;

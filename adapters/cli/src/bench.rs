@@ -1,31 +1,38 @@
-//! `powerinfer bench`: prompt and decode speed of the dense and the sparse FFN in the same run,
-//! with where decode time goes.
+//! `powerinfer bench`: prompt and decode speed of every mode in the same run, with where decode
+//! time goes and the floor memory bandwidth puts under it; optionally llama.cpp as a peer.
 
+use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use powerinfer_candle::{FfnMode, Llama, Timings};
 
 use crate::common::{corpus_tokens, load, load_sparse, model_path, SparseSettings};
 use crate::BenchArgs;
 
-/// One measured mode: `dense` (candle's FFN and matmuls, the reference), `all` (every neuron
-/// through powerinfer's kernels), `sparse` (exact `GateFirst` thresholding), `trained` (the
-/// artifact's predictors).
+/// One measured mode.
 struct Row {
     mode: &'static str,
     prompt_tps: f64,
     decode_tps: f64,
-    per_token: Timings,
+    /// Per-component decode times (our model only).
+    per_token: Option<Timings>,
+    /// Bytes one decoded token reads (our model only).
+    bytes: Option<f64>,
+    /// Realized FFN sparsity (sparse modes).
+    sparsity: Option<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
 }
 
-fn argmax(logits: &candle_core::Tensor) -> Result<u32> {
-    let v: Vec<f32> = logits.to_vec1()?;
+fn argmax(v: &[f32]) -> u32 {
     let best = v
         .iter()
         .enumerate()
@@ -36,16 +43,11 @@ fn argmax(logits: &candle_core::Tensor) -> Result<u32> {
                 b
             }
         });
-    Ok(best.0 as u32)
+    best.0 as u32
 }
 
 /// The peer: candle-transformers' `quantized_llama` on the same GGUF file and prompt.
-fn measure_candle(
-    path: &std::path::Path,
-    prompt: &[u32],
-    decode: usize,
-    runs: usize,
-) -> Result<Row> {
+fn measure_candle(path: &std::path::Path, prompt: &[u32], decode: usize, runs: usize) -> Result<Row> {
     use candle_transformers::models::quantized_llama::ModelWeights;
     let dev = candle_core::Device::Cpu;
     let mut f = std::fs::File::open(path)?;
@@ -57,11 +59,11 @@ fn measure_candle(
         let x = candle_core::Tensor::new(prompt, &dev)?.unsqueeze(0)?;
         let logits = m.forward(&x, 0)?.squeeze(0)?;
         p.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
-        let mut next = argmax(&logits)?;
+        let mut next = argmax(&logits.to_vec1::<f32>()?);
         let t = Instant::now();
         for i in 0..decode {
             let x = candle_core::Tensor::new(&[next], &dev)?.unsqueeze(0)?;
-            next = argmax(&m.forward(&x, prompt.len() + i)?.squeeze(0)?)?;
+            next = argmax(&m.forward(&x, prompt.len() + i)?.squeeze(0)?.to_vec1::<f32>()?);
         }
         d.push(decode as f64 / t.elapsed().as_secs_f64());
     }
@@ -69,10 +71,14 @@ fn measure_candle(
         mode: "candle",
         prompt_tps: median(p),
         decode_tps: median(d),
-        per_token: Timings::default(),
+        per_token: None,
+        bytes: None,
+        sparsity: None,
     })
 }
 
+/// Prompt and decode tok/s of our model (medians over `runs`), with the last run's per-component
+/// decode times. Decode goes through [`Llama::forward_logits`], as a serving loop would.
 fn measure(
     model: &mut Llama,
     prompt: &[u32],
@@ -82,68 +88,189 @@ fn measure(
 ) -> Result<Row> {
     let (mut p, mut d) = (Vec::new(), Vec::new());
     let mut per_token = Timings::default();
+    model.reserve_kv_cache(prompt.len() + decode);
     for _ in 0..runs {
         model.clear_kv_cache();
         let t = Instant::now();
-        let logits = model.forward(prompt, 0)?;
+        let logits = model.forward_logits(prompt, 0)?;
+        let mut next = argmax(logits);
         p.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
-        let mut next = argmax(&logits)?;
         model.enable_timings();
         let t = Instant::now();
         for i in 0..decode {
-            next = argmax(&model.forward(&[next], prompt.len() + i)?)?;
+            next = argmax(model.forward_logits(&[next], prompt.len() + i)?);
         }
         d.push(decode as f64 / t.elapsed().as_secs_f64());
         if let Some(tm) = model.timings() {
             per_token = tm.clone();
         }
     }
+    let positions = prompt.len() + decode / 2;
     Ok(Row {
         mode,
         prompt_tps: median(p),
         decode_tps: median(d),
-        per_token,
+        per_token: Some(per_token),
+        bytes: Some(model.decode_bytes().per_token(positions, 0.0)),
+        sparsity: None,
     })
+}
+
+/// Read bandwidth of this machine with `threads` threads: the best of 3 sums over 512 MiB (far
+/// more than any cache), in GB/s.
+fn read_bandwidth(threads: usize) -> f64 {
+    let n = 64 << 20;
+    let v: Vec<u64> = (0..n as u64).collect();
+    let sum = |s: &[u64]| {
+        let mut a = [0u64; 8];
+        for c in s.chunks_exact(8) {
+            for (x, y) in a.iter_mut().zip(c) {
+                *x = x.wrapping_add(*y);
+            }
+        }
+        a.iter().fold(0u64, |x, y| x.wrapping_add(*y))
+    };
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            let per = n / threads.max(1);
+            let hs: Vec<_> = v
+                .chunks(per)
+                .map(|part| s.spawn(move || sum(part)))
+                .collect();
+            for h in hs {
+                std::hint::black_box(h.join().ok());
+            }
+        });
+        best = best.max((n * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+/// llama.cpp's `llama-bench` on the same file, threads and lengths, through
+/// `scripts/llama-bench.sh` (which builds it on first use): prompt and decode tok/s samples.
+fn measure_llama_cpp(
+    path: &std::path::Path,
+    threads: usize,
+    prompt: usize,
+    decode: usize,
+    runs: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let script = std::env::var_os("POWERINFER_LLAMA_BENCH")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/llama-bench.sh")
+        });
+    if !script.is_file() {
+        bail!(
+            "--peer llama.cpp: {} not found (set POWERINFER_LLAMA_BENCH to the script)",
+            script.display()
+        );
+    }
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["run", &path.display().to_string()])
+        .args([threads, prompt, decode, runs].map(|v| v.to_string()))
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "llama-bench failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (mut p, mut d) = (Vec::new(), Vec::new());
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("llama-bench output line `{line}`"))?;
+        let samples: Vec<f64> = v["samples_ts"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default();
+        if v["n_gen"].as_u64().unwrap_or(0) > 0 {
+            d.extend(samples);
+        } else {
+            p.extend(samples);
+        }
+    }
+    if p.is_empty() || d.is_empty() {
+        bail!("llama-bench printed no prompt or no decode result");
+    }
+    Ok((p, d))
 }
 
 pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     if a.runs == 0 || a.decode_tokens == 0 || a.prompt_tokens == 0 {
         bail!("--runs, --decode-tokens and --prompt-tokens must be at least 1");
     }
+    let peer = match a.peer.as_deref() {
+        None => false,
+        Some("llama.cpp") => true,
+        Some(p) => bail!("--peer {p}: the only peer is llama.cpp"),
+    };
     let settings = SparseSettings::from_args(&a.model)?;
+    let threads = settings.threads;
+    // candle's ops (the reference and candle rows) use rayon, sized by RAYON_NUM_THREADS: give them
+    // the same thread count as ours (before the first candle op starts rayon's pool).
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    }
     let path = model_path(&a.model.model)?;
-    let mut dense = load(&path, &FfnMode::Dense)?;
-    let prompt = corpus_tokens(&dense.tok, 2000..=2021, a.prompt_tokens)?;
-    if prompt.len() + a.decode_tokens > dense.model.config().context {
+    let gguf = path.extension().is_some_and(|e| e == "gguf");
+    let bw = read_bandwidth(threads);
+    let mut lcpp = (Vec::new(), Vec::new());
+    let peer_run = |lcpp: &mut (Vec<f64>, Vec<f64>)| -> Result<()> {
+        if peer && gguf {
+            let (p, d) = measure_llama_cpp(
+                &path,
+                threads,
+                a.prompt_tokens,
+                a.decode_tokens,
+                a.runs,
+            )?;
+            lcpp.0.extend(p);
+            lcpp.1.extend(d);
+        }
+        Ok(())
+    };
+    // llama.cpp before and after our rows: both halves of the run see the same machine.
+    peer_run(&mut lcpp)?;
+
+    let mut reference = load(&path, &FfnMode::Dense)?;
+    let prompt = corpus_tokens(&reference.tok, 2000..=2021, a.prompt_tokens)?;
+    if prompt.len() + a.decode_tokens > reference.model.config().context {
         bail!(
             "--prompt-tokens + --decode-tokens exceed the context of {}",
-            dense.model.config().context
+            reference.model.config().context
         );
     }
-    let gguf = path.extension().is_some_and(|e| e == "gguf");
-    let peer = if gguf {
-        Some(measure_candle(&path, &prompt, a.decode_tokens, a.runs)?)
-    } else {
-        None
-    };
-    let mut rows = vec![measure(
-        &mut dense.model,
-        &prompt,
-        a.decode_tokens,
-        a.runs,
-        "dense",
-    )?];
-    drop(dense);
-    // Every neuron through powerinfer's kernels: separates what the kernels buy from what
-    // skipping neurons buys.
-    let mut all = load(&path, &settings.mode())?;
+    let mut rows = Vec::new();
+    if gguf {
+        rows.push(measure_candle(&path, &prompt, a.decode_tokens, a.runs)?);
+    }
     rows.push(measure(
-        &mut all.model,
+        &mut reference.model,
         &prompt,
         a.decode_tokens,
         a.runs,
-        "all",
+        "reference",
     )?);
+    drop(reference);
+    // The dense FFN on our kernels and decoder (GGUF with Q4_0/Q4_1/Q8_0 projections only).
+    if gguf {
+        match load(&path, &FfnMode::Fused { threads }) {
+            Ok(mut dense) => {
+                rows.push(measure(&mut dense.model, &prompt, a.decode_tokens, a.runs, "dense")?);
+            }
+            Err(e) => eprintln!("no `dense` row: {e:#}"),
+        }
+    }
+    // Every neuron through the sparse FFN's kernels: what the kernels cost before skipping.
+    let mut all = load(&path, &settings.mode())?;
+    rows.push(measure(&mut all.model, &prompt, a.decode_tokens, a.runs, "all")?);
+    let fused = all.model.is_fused();
     drop(all);
     let mut sp = load_sparse(&path, &settings)?;
     // With an artifact: exact thresholding at its |h| thresholds, then its trained predictors.
@@ -152,76 +279,123 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         sp.use_exact(None)?;
         modes.push(("trained", true));
     }
-    let mut realized = Vec::new();
     for (mode, trained) in modes {
         if trained {
             sp.use_trained(settings.predictor_sparsity)?;
         }
-        rows.push(measure(
-            &mut sp.m.model,
-            &prompt,
-            a.decode_tokens,
-            a.runs,
-            mode,
-        )?);
+        let mut row = measure(&mut sp.m.model, &prompt, a.decode_tokens, a.runs, mode)?;
         // Realized sparsity on the prompt, counted after the timed runs.
         sp.m.model.enable_ffn_stats();
         sp.m.model.clear_kv_cache();
-        sp.m.model.forward(&prompt, 0)?;
-        realized.push((mode, crate::common::mean_sparsity(&mut sp.m.model)));
+        sp.m.model.forward_logits(&prompt, 0)?;
+        let s = crate::common::mean_sparsity(&mut sp.m.model);
+        row.sparsity = Some(s);
+        let positions = prompt.len() + a.decode_tokens / 2;
+        row.bytes = Some(sp.m.model.decode_bytes().per_token(positions, s));
+        rows.push(row);
     }
+    drop(sp);
+    peer_run(&mut lcpp)?;
+    if peer && gguf {
+        rows.insert(
+            0,
+            Row {
+                mode: "llama.cpp",
+                prompt_tps: median(lcpp.0.clone()),
+                decode_tps: median(lcpp.1.clone()),
+                per_token: None,
+                bytes: None,
+                sparsity: None,
+            },
+        );
+    }
+    print_table(&rows, bw, threads, &prompt, a, fused)
+}
 
+fn print_table(
+    rows: &[Row],
+    bw: f64,
+    threads: usize,
+    prompt: &[u32],
+    a: &BenchArgs,
+    fused: bool,
+) -> Result<()> {
     println!(
-        "{:<7} {:>12} {:>12} | per decoded token, ms: {:>9} {:>7} {:>8} {:>7}",
-        "mode", "prompt tok/s", "decode tok/s", "attention", "ffn", "lm_head", "other"
+        "{threads} thread(s), prompt {} tokens, decode {} tokens, medians of {} runs; read bandwidth {bw:.1} GB/s",
+        prompt.len(),
+        a.decode_tokens,
+        a.runs
     );
-    rows.extend(peer);
-    for r in &rows {
-        let t = &r.per_token;
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.calls.max(1) as f64;
+    println!(
+        "{:<9} {:>9} {:>9} | decode ms/token: {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} | {:>7} {:>8}",
+        "mode", "prompt/s", "decode/s", "attn", "ffn", "head", "other", "sum", "measured", "MB/tok", "floor ms"
+    );
+    for r in rows {
+        let measured = 1e3 / r.decode_tps;
+        let (cols, sum) = match &r.per_token {
+            Some(t) => {
+                let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.calls.max(1) as f64;
+                let parts = [ms(t.attention), ms(t.ffn), ms(t.lm_head), ms(t.other)];
+                let sum: f64 = parts.iter().sum();
+                (
+                    format!(
+                        "{:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>6.3}",
+                        parts[0], parts[1], parts[2], parts[3], sum
+                    ),
+                    Some(sum),
+                )
+            }
+            None => (format!("{:>34}", ""), None),
+        };
+        let floor = r.bytes.map(|b| b / bw / 1e6);
         println!(
-            "{:<7} {:>12.1} {:>12.1} |                      {:>9.3} {:>7.3} {:>8.3} {:>7.3}",
+            "{:<9} {:>9.1} {:>9.1} |                  {cols} {:>8.3} | {:>7} {:>8}",
             r.mode,
             r.prompt_tps,
             r.decode_tps,
-            ms(t.attention),
-            ms(t.ffn),
-            ms(t.lm_head),
-            ms(t.other)
+            measured,
+            r.bytes.map_or(String::new(), |b| format!("{:.1}", b / 1e6)),
+            floor.map_or(String::new(), |f| format!("{f:.3}")),
         );
+        let t = r.per_token.as_ref();
         println!(
             "{}",
             serde_json::json!({
-                "mode": r.mode, "prompt_tokens": prompt.len(), "decode_tokens": a.decode_tokens,
-                "prompt_tps": r.prompt_tps, "decode_tps": r.decode_tps,
-                "ms_per_token": {"attention": ms(t.attention), "ffn": ms(t.ffn), "lm_head": ms(t.lm_head), "other": ms(t.other)},
-                "threads": settings.threads,
-                "realized_sparsity": realized.iter().find(|m| m.0 == r.mode).map(|m| m.1),
+                "mode": r.mode, "threads": threads, "prompt_tokens": prompt.len(),
+                "decode_tokens": a.decode_tokens, "prompt_tps": r.prompt_tps,
+                "decode_tps": r.decode_tps, "measured_ms": measured, "sum_ms": sum,
+                "ms_per_token": t.map(|t| {
+                    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.calls.max(1) as f64;
+                    serde_json::json!({"attention": ms(t.attention), "ffn": ms(t.ffn),
+                        "lm_head": ms(t.lm_head), "other": ms(t.other)})
+                }),
+                "bytes_per_token": r.bytes, "floor_ms": floor, "read_bandwidth_gbs": bw,
+                "realized_sparsity": r.sparsity,
             })
         );
     }
-    for (k, (mode, s)) in realized.iter().enumerate() {
-        let r = &rows[2 + k];
-        println!(
-            "decode vs dense (candle): {mode} {:.2}x, all neurons {:.2}x; {mode} vs all {:.2}x; realized FFN sparsity {:.1}%",
-            r.decode_tps / rows[0].decode_tps,
-            rows[1].decode_tps / rows[0].decode_tps,
-            r.decode_tps / rows[1].decode_tps,
-            s * 100.0
-        );
+    let find = |m: &str| rows.iter().find(|r| r.mode == m);
+    if let Some(s) = find("sparse").and_then(|r| r.sparsity) {
+        println!("sparse: realized FFN sparsity {:.1}%", s * 100.0);
     }
-    if realized.len() == 2 {
-        println!(
-            "trained predictors vs exact thresholding (same run): decode {:.2}x",
-            rows[3].decode_tps / rows[2].decode_tps
-        );
+    if !fused {
+        println!("note: this model's projections are not all Q4_0/Q4_1/Q8_0: `all` and `sparse` run on candle ops");
     }
-    if let Some(peer) = rows.iter().find(|r| r.mode == "candle") {
-        println!(
-            "our dense model vs candle-transformers quantized_llama (same file, same run): decode {:.2}x, prompt {:.2}x (no per-component times for the peer)",
-            rows[0].decode_tps / peer.decode_tps,
-            rows[0].prompt_tps / peer.prompt_tps
-        );
+    for base in ["llama.cpp", "candle", "reference"] {
+        let Some(b) = find(base) else { continue };
+        let ratios: Vec<String> = ["dense", "all", "sparse", "trained"]
+            .iter()
+            .filter_map(|m| find(m))
+            .map(|r| {
+                format!(
+                    "{} {:.2}x/{:.2}x",
+                    r.mode,
+                    r.decode_tps / b.decode_tps,
+                    r.prompt_tps / b.prompt_tps
+                )
+            })
+            .collect();
+        println!("vs {base} (decode/prompt): {}", ratios.join(", "));
     }
     Ok(())
 }

@@ -205,7 +205,7 @@ fn predictor_costs(sp: &Sparse) -> Vec<usize> {
         .ffns()
         .filter_map(|f| match f {
             powerinfer_candle::Ffn::Hybrid(h) => Some(h.predictor().weight_bytes()),
-            powerinfer_candle::Ffn::Dense(_) => None,
+            _ => None,
         })
         .collect()
 }

@@ -199,6 +199,11 @@ pub struct BenchArgs {
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Also run a peer engine on the same file, threads and lengths, in the same run:
+    /// `llama.cpp` (its `llama-bench`, built from a pinned source by `scripts/llama-bench.sh`
+    /// on first use, about 10 minutes).
+    #[arg(long, value_name = "ENGINE")]
+    pub peer: Option<String>,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,

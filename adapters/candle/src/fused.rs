@@ -1,0 +1,428 @@
+//! The fused decoder: the whole forward pass on powerinfer's kernels and one thread pool, with no
+//! candle op, no heap allocation and no thread spawn per decoded token.
+//!
+//! Used when every projection of the model is a GGUF Q4_0 / Q4_1 / Q8_0 tensor (the attention
+//! projections and the LM head as `QLinear`s, q/k/v stacked into one) and the FFN runs through
+//! our kernels (`HybridFfn`, or [`KernelFfn`] for the dense FFN). Per layer and token:
+//!
+//! 1. RMSNorm of the residual (fused with the previous residual add: one pass);
+//! 2. the input quantized once (as ggml quantizes it) and one product for q, k and v;
+//! 3. RoPE in place on q and k; k and v written into the preallocated cache (`[position][kv
+//!    head][head dim]`, grown geometrically, never concatenated);
+//! 4. attention per KV head: the query heads that share it read its keys and values once
+//!    (`Kernels::attend`: scores, softmax, weighted sum), no K/V copy per query head;
+//! 5. the output projection, the residual add fused with the FFN's RMSNorm, the FFN;
+//! 6. after the last layer, the final norm and the LM head (our integer kernels) on the rows
+//!    whose logits are wanted.
+//!
+//! Every parallel step (the products, attention, the FFN) runs on the same `powerinfer::Pool`,
+//! whose threads are the only ones working: candle's rayon pool is idle on this path. Norms,
+//! RoPE and the residual adds are a few thousand flops per token and run on the calling thread.
+//! The arithmetic follows candle's reference ops in their order where it is cheap to (RMSNorm's
+//! sequential sum, RoPE, `silu`, softmax with `exp`), and the Q4_1 products are bit-identical to
+//! candle's; what differs is summation order inside the attention dot products, the Q8_0 LM head and
+//! the float order of Q4_0/Q8_0 blocks.
+
+use std::sync::Arc;
+
+use powerinfer::{HybridFfn, Kernels, Pool, QLinear, QuantizedRow, RowRms};
+
+use crate::config::LlamaConfig;
+use crate::error::{ErrorKind, Result};
+use crate::model::{Attention, Clock, Ffn, Lap, Layer};
+
+/// A dense FFN on the file's blocks through our kernels: gate and up stacked in one `QLinear`,
+/// `act(gate) * up` in f32, the activations quantized once, and the down `QLinear`. With Q4_1
+/// weights its products are bit-identical to candle's quantized matmul.
+#[derive(Debug)]
+pub struct KernelFfn {
+    pub(crate) gate_up: QLinear,
+    pub(crate) down: QLinear,
+    pub(crate) act: powerinfer::Activation,
+}
+
+/// Reused buffers of [`KernelFfn::forward_rows`].
+#[derive(Debug, Default)]
+pub(crate) struct KernelFfnScratch {
+    gu: Vec<f32>,
+    hq: Vec<QuantizedRow>,
+    h: Vec<f32>,
+}
+
+impl KernelFfn {
+    /// `rows` normed rows `x` (already quantized in `xq`) into `out` (`rows * hidden`).
+    pub(crate) fn forward_rows(
+        &self,
+        xq: &[QuantizedRow],
+        out: &mut [f32],
+        s: &mut KernelFfnScratch,
+        tmp: &mut Vec<f32>,
+    ) -> Result<()> {
+        let rows = xq.len();
+        let inter = self.down.dims().1;
+        s.gu.resize(rows * 2 * inter, 0.0);
+        self.gate_up.forward_quantized(xq, &mut s.gu, tmp)?;
+        s.h.resize(inter, 0.0);
+        if s.hq.len() < rows {
+            s.hq.resize_with(rows, Default::default);
+        }
+        for (r, q) in s.hq.iter_mut().enumerate().take(rows) {
+            let gu = &s.gu[r * 2 * inter..(r + 1) * 2 * inter];
+            let (g, u) = gu.split_at(inter);
+            for ((h, &g), &u) in s.h.iter_mut().zip(g).zip(u) {
+                *h = self.act.gated(g, u);
+            }
+            q.quantize(&s.h);
+        }
+        self.down.forward_quantized(&s.hq[..rows], out, tmp)?;
+        Ok(())
+    }
+}
+
+/// One layer's keys and values, `[position][kv head][head dim]`, f32.
+#[derive(Debug, Default)]
+struct KvCache {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// Per-thread attention scores.
+#[derive(Debug, Default)]
+struct AttnScratch {
+    scores: Vec<f32>,
+}
+
+#[derive(Debug, Default)]
+struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    f: Vec<f32>,
+    xq: Vec<QuantizedRow>,
+    tmp: Vec<f32>,
+    rms: Vec<f32>,
+    threads: Vec<AttnScratch>,
+    ffn: KernelFfnScratch,
+    logits: Vec<f32>,
+}
+
+/// Where the token embeddings come from.
+#[derive(Debug)]
+pub(crate) enum Embed {
+    /// Rows of a quantized matrix (for a tied LM head, the LM head itself: held once).
+    Packed(Arc<QLinear>),
+    /// A dense f32 table `[vocab, hidden]`.
+    F32(Vec<f32>),
+}
+
+/// The fused decoder's own state: embedding, final norm, LM head, RoPE tables, KV cache, scratch.
+#[derive(Debug)]
+pub(crate) struct Decoder {
+    embed: Embed,
+    lm_head: Arc<QLinear>,
+    norm: Vec<f32>,
+    eps: f32,
+    /// `[position][head_dim / 2]`, the values candle's tables hold.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    kernels: Kernels,
+    pool: Arc<Pool>,
+    kv: Vec<KvCache>,
+    /// Positions the cache holds.
+    len: usize,
+    s: Scratch,
+}
+
+/// Smallest KV capacity allocated, in positions.
+const MIN_KV: usize = 256;
+
+impl Decoder {
+    pub(crate) fn new(
+        cfg: &LlamaConfig,
+        embed: Embed,
+        lm_head: Arc<QLinear>,
+        norm: Vec<f32>,
+        cos: Vec<f32>,
+        sin: Vec<f32>,
+    ) -> Result<Self> {
+        let pool = Arc::clone(lm_head.pool());
+        Ok(Decoder {
+            embed,
+            lm_head,
+            norm,
+            eps: cfg.rms_eps as f32,
+            cos,
+            sin,
+            kernels: Kernels::detect()?,
+            pool,
+            kv: (0..cfg.layers).map(|_| KvCache::default()).collect(),
+            len: 0,
+            s: Scratch::default(),
+        })
+    }
+
+    /// Forgets the sequence (keeps the cache's memory).
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Threads of the pool every step runs on.
+    pub(crate) fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Makes room for `positions` positions in every layer's cache (no allocation afterwards
+    /// until a sequence grows past it).
+    pub(crate) fn reserve(&mut self, cfg: &LlamaConfig, positions: usize) {
+        let kvw = cfg.kv_heads * cfg.head_dim();
+        let need = positions.min(self.cos.len() / (cfg.head_dim() / 2).max(1));
+        for c in &mut self.kv {
+            if c.k.len() < need * kvw {
+                c.k.resize(need * kvw, 0.0);
+                c.v.resize(need * kvw, 0.0);
+            }
+        }
+    }
+
+    /// Runs `tokens` at positions `pos..` through `layers` and returns the logits of the last
+    /// position (`last_only`) or of every position (`[tokens][vocab]`). `pos` must be at most the
+    /// number of positions already cached (a smaller one rewinds the sequence).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &mut self,
+        cfg: &LlamaConfig,
+        layers: &[Layer],
+        pre_norm_rms: &[Option<RowRms>],
+        tokens: &[u32],
+        pos: usize,
+        last_only: bool,
+        clock: &mut Clock,
+    ) -> Result<&[f32]> {
+        if pos > self.len {
+            return Err(ErrorKind::Prompt {
+                reason: format!(
+                    "position {pos} is past the {} positions in the KV cache",
+                    self.len
+                ),
+            }
+            .into());
+        }
+        let rows = tokens.len();
+        let (hidden, hd) = (cfg.hidden, cfg.head_dim());
+        let (heads, kvh) = (cfg.heads, cfg.kv_heads);
+        let (qw, kvw) = (heads * hd, kvh * hd);
+        let qkvw = qw + 2 * kvw;
+        let end = pos + rows;
+        let cap = self.kv.first().map_or(0, |c| c.k.len() / kvw.max(1));
+        if end > cap {
+            let grow = end.max(2 * cap).max(MIN_KV);
+            self.reserve(cfg, grow);
+        }
+        let s = &mut self.s;
+        s.x.resize(rows * hidden, 0.0);
+        s.h.resize(rows * hidden, 0.0);
+        s.f.resize(rows * hidden, 0.0);
+        s.qkv.resize(rows * qkvw, 0.0);
+        s.att.resize(rows * qw, 0.0);
+        if s.xq.len() < rows {
+            s.xq.resize_with(rows, Default::default);
+        }
+        s.threads.resize_with(self.pool.threads(), Default::default);
+
+        for (r, &t) in tokens.iter().enumerate() {
+            let row = &mut s.x[r * hidden..(r + 1) * hidden];
+            match &self.embed {
+                Embed::Packed(e) => e.dequantize_row(t as usize, row)?,
+                Embed::F32(e) => row.copy_from_slice(&e[t as usize * hidden..][..hidden]),
+            }
+        }
+        clock.lap(Lap::Other);
+        let scale = (1.0 / (hd as f64).sqrt()) as f32;
+        let half = hd / 2;
+        for (l, layer) in layers.iter().enumerate() {
+            let Attention::Fused { qkv, o } = &layer.attn else {
+                return Err(fused_error("a layer's attention is not fused"));
+            };
+            // 1. Norm (the previous layer's FFN residual was added in the same pass).
+            if l == 0 {
+                rms_norm_rows(&s.x, &layer.attn_norm.wv, layer.attn_norm.eps, &mut s.h);
+            } else {
+                add_rms_norm_rows(
+                    &mut s.x,
+                    &s.f,
+                    &layer.attn_norm.wv,
+                    layer.attn_norm.eps,
+                    &mut s.h,
+                );
+            }
+            clock.lap(Lap::Other);
+            // 2. q, k, v in one product.
+            for (q, h) in s.xq.iter_mut().zip(s.h.chunks_exact(hidden)) {
+                q.quantize(h);
+            }
+            qkv.forward_quantized(&s.xq[..rows], &mut s.qkv, &mut s.tmp)?;
+            // 3. RoPE in place, keys and values into the cache.
+            let cache = &mut self.kv[l];
+            for r in 0..rows {
+                let p = pos + r;
+                let (cos, sin) = (&self.cos[p * half..][..half], &self.sin[p * half..][..half]);
+                let row = &mut s.qkv[r * qkvw..(r + 1) * qkvw];
+                for head in row[..qw + kvw].chunks_exact_mut(hd) {
+                    rope(head, cos, sin, cfg.rope_interleaved);
+                }
+                cache.k[p * kvw..(p + 1) * kvw].copy_from_slice(&row[qw..qw + kvw]);
+                cache.v[p * kvw..(p + 1) * kvw].copy_from_slice(&row[qw + kvw..]);
+            }
+            // 4. Attention: one item per (row, KV head), its query heads side by side in `att`.
+            let rep = heads / kvh;
+            let (k, qkv_rows, cache) = (&self.kernels, &s.qkv, &*cache);
+            let (kc, vc) = (&cache.k[..end * kvw], &cache.v[..end * kvw]);
+            let failed = std::sync::atomic::AtomicBool::new(false);
+            self.pool.run_chunks_with(
+                &mut s.att,
+                rows * kvh,
+                rep * hd,
+                &mut s.threads,
+                &|items, part, st| {
+                    for (i, out) in items.zip(part.chunks_exact_mut(rep * hd)) {
+                        let (r, g) = (i / kvh, i % kvh);
+                        let n = pos + r + 1;
+                        st.scores.resize(rep * n, 0.0);
+                        let q = &qkv_rows[r * qkvw + g * rep * hd..][..rep * hd];
+                        let res = k.attend(
+                            q,
+                            &kc[g * hd..],
+                            &vc[g * hd..],
+                            hd,
+                            kvw,
+                            n,
+                            scale,
+                            &mut st.scores,
+                            out,
+                        );
+                        if res.is_err() {
+                            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                },
+            );
+            if failed.into_inner() {
+                return Err(fused_error("attention slices do not match the cache"));
+            }
+            for (q, a) in s.xq.iter_mut().zip(s.att.chunks_exact(qw)) {
+                q.quantize(a);
+            }
+            o.forward_quantized(&s.xq[..rows], &mut s.f, &mut s.tmp)?;
+            clock.lap(Lap::Attention);
+            // 5. Residual, FFN norm, FFN.
+            if let Some(Some(rms)) = pre_norm_rms.get(l) {
+                for (xr, fr) in s.x.chunks_exact_mut(hidden).zip(s.f.chunks_exact(hidden)) {
+                    xr.iter_mut().zip(fr).for_each(|(x, f)| *x = *f + *x);
+                }
+                s.rms.clear();
+                s.rms.extend(s.x.chunks_exact(hidden).map(|xr| {
+                    let ms = xr.iter().map(|v| v * v).sum::<f32>() / hidden as f32;
+                    (ms + layer.ffn_norm.eps).sqrt()
+                }));
+                rms.set(&s.rms);
+                rms_norm_rows(&s.x, &layer.ffn_norm.wv, layer.ffn_norm.eps, &mut s.h);
+            } else {
+                add_rms_norm_rows(
+                    &mut s.x,
+                    &s.f,
+                    &layer.ffn_norm.wv,
+                    layer.ffn_norm.eps,
+                    &mut s.h,
+                );
+            }
+            clock.lap(Lap::Other);
+            match &layer.ffn {
+                Ffn::Hybrid(ffn) => run_hybrid(ffn, &s.h, rows, &mut s.f)?,
+                Ffn::Kernels(ffn) => {
+                    for (q, h) in s.xq.iter_mut().zip(s.h.chunks_exact(hidden)) {
+                        q.quantize(h);
+                    }
+                    ffn.forward_rows(&s.xq[..rows], &mut s.f, &mut s.ffn, &mut s.tmp)?;
+                }
+                Ffn::Dense(_) => return Err(fused_error("a layer's FFN is candle's")),
+            }
+            clock.lap(Lap::Ffn);
+        }
+        self.len = end;
+        // 6. Last residual add, final norm, LM head.
+        let out_rows = if last_only { 1 } else { rows };
+        let first = rows - out_rows;
+        for (xr, fr) in s.x.chunks_exact_mut(hidden).zip(s.f.chunks_exact(hidden)) {
+            xr.iter_mut().zip(fr).for_each(|(x, f)| *x = *f + *x);
+        }
+        clock.lap(Lap::Other);
+        rms_norm_rows(
+            &s.x[first * hidden..],
+            &self.norm,
+            self.eps,
+            &mut s.h[..out_rows * hidden],
+        );
+        for (q, h) in s.xq.iter_mut().zip(s.h[..out_rows * hidden].chunks_exact(hidden)) {
+            q.quantize(h);
+        }
+        let vocab = self.lm_head.dims().0;
+        s.logits.resize(out_rows * vocab, 0.0);
+        self.lm_head
+            .forward_quantized(&s.xq[..out_rows], &mut s.logits, &mut s.tmp)?;
+        Ok(&s.logits)
+    }
+}
+
+fn run_hybrid(ffn: &HybridFfn, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
+    Ok(ffn.forward_f32(x, rows, out)?)
+}
+
+fn fused_error(reason: &str) -> crate::error::Error {
+    powerinfer::Error::config("fused decoder", reason).into()
+}
+
+/// candle's `rms_norm` per row: `x / sqrt(sum(x^2) / n + eps) * w`, the sum taken in order.
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let sum2 = xr.iter().map(|v| v * v).sum::<f32>();
+        let m = (sum2 / n as f32 + eps).sqrt();
+        for ((o, &v), &a) in or.iter_mut().zip(xr).zip(w) {
+            *o = v / m * a;
+        }
+    }
+}
+
+/// `x += f` and then [`rms_norm_rows`] of the new `x` into `out`, in one pass over `x` (the
+/// squares are summed as the sums are formed, in candle's order).
+fn add_rms_norm_rows(x: &mut [f32], f: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for ((xr, fr), or) in x
+        .chunks_exact_mut(n)
+        .zip(f.chunks_exact(n))
+        .zip(out.chunks_exact_mut(n))
+    {
+        let mut sum2 = 0f32;
+        for (v, &a) in xr.iter_mut().zip(fr) {
+            *v = a + *v;
+            sum2 += *v * *v;
+        }
+        let m = (sum2 / n as f32 + eps).sqrt();
+        for ((o, &v), &a) in or.iter_mut().zip(xr.iter()).zip(w) {
+            *o = v / m * a;
+        }
+    }
+}
+
+/// Rotary embedding of one head in place: pairs `(x[2i], x[2i+1])` (GGUF llama, candle's `rope_i`)
+/// or `(x[i], x[i + d/2])` (HF layout, `rope`).
+fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
+    let half = x.len() / 2;
+    for i in 0..half {
+        let (a, b) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * cos[i] - x1 * sin[i];
+        x[b] = x0 * sin[i] + x1 * cos[i];
+    }
+}
