@@ -83,11 +83,16 @@ fn quantized(c: &mut Criterion) {
                     b[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
                 }
             }
+            let mut split = vec![0u8; w.len()];
+            powerinfer::split_row(kind, &w, &mut split);
             g.throughput(Throughput::Bytes(w.len() as u64));
             for tier in CpuTier::supported() {
                 let k = Kernels::new(tier).unwrap();
                 g.bench_function(BenchmarkId::new(format!("{kind:?}/{n}"), tier), |b| {
                     b.iter(|| k.dot_q(kind, std::hint::black_box(&w), &xq))
+                });
+                g.bench_function(BenchmarkId::new(format!("{kind:?}/{n}/split"), tier), |b| {
+                    b.iter(|| k.dot_q_split(kind, std::hint::black_box(&split), &xq))
                 });
             }
         }
@@ -95,5 +100,41 @@ fn quantized(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernels, quantized);
+/// `QLinear` (row-interleaved groups of 16 rows) on one input row, per tier, the scalar reference
+/// in the same run: SmolLM2's stacked gate+up (3072 x 576, Q4_1) and its LM head (49152 x 576,
+/// Q8_0, 30 MB: out of cache, so this one reads DRAM).
+fn packed(c: &mut Criterion) {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+    use powerinfer::{QLinear, QuantizedRow};
+    let mut g = c.benchmark_group("qlinear");
+    g.sample_size(20);
+    for (rows, cols, dt) in [
+        (3072usize, 576usize, GgmlDType::Q4_1),
+        (49152, 576, GgmlDType::Q8_0),
+    ] {
+        let w = Tensor::randn(0f32, 1.0, (rows, cols), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, dt).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
+        let mut xq = QuantizedRow::default();
+        xq.quantize(&x);
+        let xs = [xq];
+        let mut y = vec![0f32; rows];
+        g.throughput(Throughput::Bytes(q.storage_size_in_bytes() as u64));
+        for tier in CpuTier::supported() {
+            let lin = QLinear::new(&q, None, 1)
+                .unwrap()
+                .with_cpu_tier(tier)
+                .unwrap();
+            let mut tmp = Vec::new();
+            g.bench_function(
+                BenchmarkId::new(format!("{dt:?}/{rows}x{cols}"), tier),
+                |b| b.iter(|| lin.forward_quantized(&xs, &mut y, &mut tmp).unwrap()),
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, kernels, quantized, packed);
 criterion_main!(benches);

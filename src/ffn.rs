@@ -9,7 +9,9 @@ use candle_core::{DType, Tensor, WithDType};
 use half::{bf16, f16};
 
 use crate::activation::Activation;
-use crate::cpu::{dequantize_row, quantize_row_q8_0, QuantKind, QK};
+use crate::cpu::{
+    dequantize_row, dequantize_split_row, quantize_row_q8_0, split_row, QuantKind, QK,
+};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Shape and kind of one FFN block.
@@ -409,7 +411,11 @@ impl NeuronBundles {
                         } else {
                             (&b[(r - 1) * rg..], QuantKind::Q8_0)
                         };
-                        dequantize_row(kd, src, &mut out[(i * r + k) * h..(i * r + k + 1) * h]);
+                        dequantize_split_row(
+                            kd,
+                            src,
+                            &mut out[(i * r + k) * h..(i * r + k + 1) * h],
+                        );
                     }
                 }
                 out
@@ -463,17 +469,19 @@ fn check_quant_finite(kind: QuantKind, bytes: &[u8], h: usize, name: &str) -> Re
 
 /// Neuron-major quantized bundles: for neuron `i`, its row of each matrix in `rows` (raw blocks,
 /// `[intermediate, hidden]` each) then its down row (`down_t`, f32 `[intermediate, hidden]`)
-/// re-quantized to Q8_0.
+/// re-quantized to Q8_0, every row in the split layout (`crate::split_row`: scales, then values).
 fn interleave_quant(spec: &FfnSpec, kind: QuantKind, rows: &[Vec<u8>], down_t: &[f32]) -> Vec<u8> {
     let h = spec.hidden;
     let (rg, rd) = (kind.row_bytes(h), QuantKind::Q8_0.row_bytes(h));
     let stride = rows.len() * rg + rd;
     let mut out = vec![0u8; spec.intermediate * stride];
+    let mut down = vec![0u8; rd];
     for (i, b) in out.chunks_exact_mut(stride).enumerate() {
         for (k, m) in rows.iter().enumerate() {
-            b[k * rg..(k + 1) * rg].copy_from_slice(&m[i * rg..(i + 1) * rg]);
+            split_row(kind, &m[i * rg..(i + 1) * rg], &mut b[k * rg..(k + 1) * rg]);
         }
-        quantize_row_q8_0(&down_t[i * h..(i + 1) * h], &mut b[rows.len() * rg..]);
+        quantize_row_q8_0(&down_t[i * h..(i + 1) * h], &mut down);
+        split_row(QuantKind::Q8_0, &down, &mut b[rows.len() * rg..]);
     }
     out
 }

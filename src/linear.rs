@@ -144,10 +144,18 @@ impl QLinear {
     pub fn forward_f32(&self, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
         let (out, inp) = self.dims();
         if x.len() != rows * inp {
-            return Err(Error::shape("QLinear input", &[Some(rows * inp)], &[x.len()]));
+            return Err(Error::shape(
+                "QLinear input",
+                &[Some(rows * inp)],
+                &[x.len()],
+            ));
         }
         if y.len() != rows * out {
-            return Err(Error::shape("QLinear output", &[Some(rows * out)], &[y.len()]));
+            return Err(Error::shape(
+                "QLinear output",
+                &[Some(rows * out)],
+                &[y.len()],
+            ));
         }
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (xq, tmp) = &mut *guard;
@@ -172,7 +180,11 @@ impl QLinear {
         let (out, inp) = self.dims();
         let rows = xq.len();
         if y.len() != rows * out {
-            return Err(Error::shape("QLinear output", &[Some(rows * out)], &[y.len()]));
+            return Err(Error::shape(
+                "QLinear output",
+                &[Some(rows * out)],
+                &[y.len()],
+            ));
         }
         if let Some(x) = xq.iter().find(|x| x.blocks() * crate::cpu::QK != inp) {
             return Err(Error::shape(
@@ -195,7 +207,9 @@ impl QLinear {
             gemm(k, w, 0..groups, xq, buf);
         } else {
             self.pool
-                .run_chunks(buf, groups, rows * PACK, &|range, part| gemm(k, w, range, xq, part));
+                .run_chunks(buf, groups, rows * PACK, &|range, part| {
+                    gemm(k, w, range, xq, part)
+                });
         }
         if !direct {
             for r in 0..rows {

@@ -338,7 +338,7 @@ fn all_neurons<const K: usize>(
                         let row = &bytes[i * stride + k * rg..i * stride + (k + 1) * rg];
                         for r in 0..rows {
                             part[(p * K + s) * rows + r] =
-                                kern.dot_q(*kind, row, &input.xq[r]) + bias(s, i);
+                                kern.dot_q_split(*kind, row, &input.xq[r]) + bias(s, i);
                         }
                     }
                 }

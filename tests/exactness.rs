@@ -200,7 +200,11 @@ fn check_quant(c: &Case, dtype: WeightDType, gate_first: bool) -> Result<(), Tes
     let mask = (!gate_first).then_some(&b.mask[..]);
     let r = masked_reference(&xd, &spec, ffn.bundles(), mask);
     let e = rel_err(&y, &r);
-    let tol = if dtype == WeightDType::Q4_1 { 2e-3 } else { 1e-4 };
+    let tol = if dtype == WeightDType::Q4_1 {
+        2e-3
+    } else {
+        1e-4
+    };
     prop_assert!(
         e <= tol,
         "{dtype:?} gate_first={gate_first}: rel err {e} for {c:?}"

@@ -163,7 +163,8 @@ fn env_override_parses_and_rejects() {
 mod quantized {
     use half::f16;
     use powerinfer::{
-        dequantize_row, quantize_row_q8_0, CpuTier, Kernels, QuantKind, QuantizedRow, QK,
+        dequantize_row, dequantize_split_row, quantize_row_q8_0, split_row, CpuTier, Kernels,
+        QuantKind, QuantizedRow, QK,
     };
     use proptest::prelude::*;
 
@@ -218,14 +219,25 @@ mod quantized {
             .map(|(a, b)| (*a as f64 * *b as f64).abs())
             .sum::<f64>()
             + 1e-3;
+        // The split layout holds the same values.
+        let mut split = vec![0u8; w.len()];
+        split_row(kind, &w, &mut split);
+        let mut sf = vec![0f32; nb * QK];
+        dequantize_split_row(kind, &split, &mut sf);
+        prop_assert_eq!(&sf, &wf);
         for tier in CpuTier::supported() {
             let k = Kernels::new(tier).unwrap();
-            let got = k.dot_q(kind, &w, &xq) as f64;
-            // x's scales are f32 in QuantizedRow but f16 in Q8_0: allow that rounding (2^-11).
-            prop_assert!(
-                (got - reference).abs() <= 2e-3 * mag,
-                "{tier} {kind:?} nb={nb}: {got} vs {reference}"
-            );
+            // Q4_1's min term uses Q8_1's f16-rounded `d * sum(q)` (2^-10 of it at most).
+            for (got, layout) in [
+                (k.dot_q(kind, &w, &xq), "gguf"),
+                (k.dot_q_split(kind, &split, &xq), "split"),
+            ] {
+                let got = got as f64;
+                prop_assert!(
+                    (got - reference).abs() <= 2e-3 * mag,
+                    "{tier} {kind:?} {layout} nb={nb}: {got} vs {reference}"
+                );
+            }
         }
         Ok(())
     }
@@ -234,9 +246,9 @@ mod quantized {
         #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
         #[test]
         fn quantized_dot_matches_dequantized(
-            nb in 0usize..20,
+            nb in 0usize..40,
             seed in proptest::collection::vec(any::<u8>(), 1..64),
-            xs in proptest::collection::vec(-3.0f32..3.0, 20 * 32),
+            xs in proptest::collection::vec(-3.0f32..3.0, 40 * 32),
             kind in 0usize..3,
         ) {
             let kind = [QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q8_0][kind];
@@ -262,14 +274,58 @@ mod quantized {
                     prop_assert!((a - b).abs() <= (0.5 + 127.0 / 2048.0) * step + 1e-6, "{a} vs {b}");
                 }
             }
+            let mut split = vec![0u8; w.len()];
+            split_row(QuantKind::Q8_0, &w, &mut split);
             for tier in CpuTier::supported() {
                 let k = Kernels::new(tier).unwrap();
-                let mut y: Vec<f32> = (0..nb * QK).map(|i| i as f32 * 0.01).collect();
-                let y0 = y.clone();
+                let y0: Vec<f32> = (0..nb * QK).map(|i| i as f32 * 0.01).collect();
+                let (mut y, mut ys) = (y0.clone(), y0.clone());
                 k.axpy_q8_0(&mut y, a, &w);
+                k.axpy_q8_0_split(&mut ys, a, &split);
                 for i in 0..nb * QK {
                     let r = y0[i] + a * wf[i];
-                    prop_assert!((y[i] - r).abs() <= 1e-5 * (y0[i].abs() + (a * wf[i]).abs() + 1e-6), "{tier} i={i}");
+                    let tol = 1e-5 * (y0[i].abs() + (a * wf[i]).abs() + 1e-6);
+                    prop_assert!((y[i] - r).abs() <= tol, "{tier} i={i}");
+                    prop_assert!((ys[i] - r).abs() <= tol, "{tier} split i={i}");
+                }
+            }
+        }
+
+        /// Four split Q8_0 rows into one accumulator, against four single-row references.
+        #[test]
+        fn axpy4_q8_0_split_matches_dequantized(
+            nb in 0usize..40,
+            xs in proptest::collection::vec(-3.0f32..3.0, 4 * 40 * 32),
+            a in proptest::array::uniform4(-2.0f32..2.0),
+        ) {
+            let n = nb * QK;
+            let rows: Vec<Vec<u8>> = (0..4)
+                .map(|k| {
+                    let mut w = vec![0u8; nb * 34];
+                    quantize_row_q8_0(&xs[k * n..(k + 1) * n], &mut w);
+                    let mut sp = vec![0u8; w.len()];
+                    split_row(QuantKind::Q8_0, &w, &mut sp);
+                    sp
+                })
+                .collect();
+            let deq: Vec<Vec<f32>> = rows
+                .iter()
+                .map(|r| {
+                    let mut o = vec![0f32; n];
+                    dequantize_split_row(QuantKind::Q8_0, r, &mut o);
+                    o
+                })
+                .collect();
+            for tier in CpuTier::supported() {
+                let k = Kernels::new(tier).unwrap();
+                let y0: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+                let mut y = y0.clone();
+                k.axpy4_q8_0_split(&mut y, a, std::array::from_fn(|j| &rows[j][..]));
+                for i in 0..n {
+                    let terms: Vec<f32> = (0..4).map(|j| a[j] * deq[j][i]).collect();
+                    let r = y0[i] + terms.iter().sum::<f32>();
+                    let mag = y0[i].abs() + terms.iter().map(|t| t.abs()).sum::<f32>() + 1e-6;
+                    prop_assert!((y[i] - r).abs() <= 1e-5 * mag, "{tier} i={i}: {} vs {r}", y[i]);
                 }
             }
         }

@@ -34,7 +34,11 @@ fn naive_row(kind: GgmlDType, row: &[u8], x: &QuantizedRow) -> f32 {
         let w: Vec<i32> = match kind {
             GgmlDType::Q8_0 => blk[2..].iter().map(|&v| v as i8 as i32).collect(),
             _ => {
-                let qs = if kind == GgmlDType::Q4_1 { &blk[4..] } else { &blk[2..] };
+                let qs = if kind == GgmlDType::Q4_1 {
+                    &blk[4..]
+                } else {
+                    &blk[2..]
+                };
                 let off = if kind == GgmlDType::Q4_0 { 8 } else { 0 };
                 (0..32)
                     .map(|j| if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 } as i32 - off)
@@ -82,7 +86,10 @@ fn check_bits(out: usize, inp: usize, rows: usize, threads: usize, kind: usize, 
         let mut y = vec![0f32; rows * out];
         lin.forward_quantized(&xq, &mut y, &mut Vec::new()).unwrap();
         let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
-        assert_eq!(got, want, "{dtype:?} {out}x{inp}, {rows} rows, {threads} threads, {tier}");
+        assert_eq!(
+            got, want,
+            "{dtype:?} {out}x{inp}, {rows} rows, {threads} threads, {tier}"
+        );
     }
 }
 
@@ -220,7 +227,8 @@ fn qlinear_rejects_bad_input() {
         .forward_quantized(std::slice::from_ref(&xq), &mut y[..7], &mut Vec::new())
         .is_err());
     // No rows: nothing to do.
-    lin.forward_quantized(&[], &mut [], &mut Vec::new()).unwrap();
+    lin.forward_quantized(&[], &mut [], &mut Vec::new())
+        .unwrap();
 }
 
 /// Non-contiguous and f16 inputs take the copying path and agree with the in-place one.

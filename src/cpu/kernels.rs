@@ -14,6 +14,7 @@ use std::ops::Range;
 use super::packed::{self, PackedRows};
 use super::quant::{self, QuantKind, QuantizedRow};
 use super::simd::{self, Scalar};
+use super::split;
 use crate::error::{Error, Result};
 
 /// A SIMD tier of the CPU kernels.
@@ -116,11 +117,12 @@ impl FromStr for CpuTier {
     }
 }
 
-/// AVX-512 with the byte and VNNI extensions the packed integer product needs.
+/// AVX-512 with the byte, vector-length and VNNI extensions the integer kernels need.
 #[cfg(target_arch = "x86_64")]
 fn has_vnni512() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
         && std::arch::is_x86_feature_detected!("avx512vnni")
         && std::arch::is_x86_feature_detected!("f16c")
 }
@@ -150,6 +152,10 @@ pub struct Kernels {
     axpy_q8_0: fn(&mut [f32], f32, &[u8]),
     pub(crate) gemm_q: GemmFn,
     attend: AttendFn,
+    dot_qs: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
+    dot2_qs: fn(QuantKind, [&[u8]; 2], &QuantizedRow) -> [f32; 2],
+    axpy_qs: fn(&mut [f32], f32, &[u8]),
+    axpy4_qs: fn(&mut [f32], [f32; 4], [&[u8]; 4]),
 }
 
 type AttendFn = fn(&[f32], &[f32], &[f32], usize, usize, usize, f32, &mut [f32], &mut [f32]);
@@ -189,8 +195,15 @@ macro_rules! table {
         #[target_feature(enable = $feat)]
         #[allow(clippy::too_many_arguments)]
         unsafe fn attend(
-            q: &[f32], k: &[f32], v: &[f32], hd: usize, stride: usize, n: usize, scale: f32,
-            scores: &mut [f32], out: &mut [f32],
+            q: &[f32],
+            k: &[f32],
+            v: &[f32],
+            hd: usize,
+            stride: usize,
+            n: usize,
+            scale: f32,
+            scores: &mut [f32],
+            out: &mut [f32],
         ) {
             // SAFETY: only reachable through a table built after detecting these features;
             // `Kernels::attend` checked the lengths.
@@ -216,6 +229,10 @@ macro_rules! table {
             gemm_q: packed::gemm_scalar,
             // SAFETY: as above; lengths checked by `Kernels::attend`.
             attend: |q, k, v, hd, st, n, sc, s, o| unsafe { attend(q, k, v, hd, st, n, sc, s, o) },
+            dot_qs: split::dot_scalar,
+            dot2_qs: split::dot2_scalar,
+            axpy_qs: split::axpy_scalar,
+            axpy4_qs: split::axpy4_scalar,
         }
     }};
 }
@@ -245,14 +262,28 @@ impl Kernels {
             // SAFETY (both): AVX2 and FMA were detected just above.
             k.dot_q = |kind, w, x| unsafe { quant::avx2::dot(kind, w, x) };
             k.axpy_q8_0 = |y, a, w| unsafe { quant::avx2::axpy_q8_0(y, a, w) };
-            // SAFETY: AVX2, FMA and F16C are part of every tier above scalar (checked above).
+            // SAFETY (five): AVX2, FMA and F16C are part of every tier above scalar (checked
+            // above).
             k.gemm_q = |p, g, x, o| unsafe { packed::x86::gemm_avx2(p, g, x, o) };
+            k.dot_qs = |kind, w, x| unsafe { split::x86::dot_avx2(kind, w, x) };
+            k.dot2_qs = |kind, w, x| unsafe {
+                [
+                    split::x86::dot_avx2(kind, w[0], x),
+                    split::x86::dot_avx2(kind, w[1], x),
+                ]
+            };
+            k.axpy_qs = |y, a, w| unsafe { split::x86::axpy_avx2(y, a, w) };
+            k.axpy4_qs = |y, a, w| unsafe { split::x86::axpy4_avx2(y, a, w) };
         }
-        // The packed integer product uses AVX-512 VNNI where the AVX-512 tier has it.
+        // The integer products use AVX-512 VNNI where the AVX-512 tier has it.
         #[cfg(target_arch = "x86_64")]
         if tier == CpuTier::Avx512 && has_vnni512() {
-            // SAFETY: AVX-512F/BW/VNNI detected by `has_vnni512`.
+            // SAFETY (five): AVX-512F/BW/VL/VNNI detected by `has_vnni512`.
             k.gemm_q = |p, g, x, o| unsafe { packed::x86::gemm_vnni(p, g, x, o) };
+            k.dot_qs = |kind, w, x| unsafe { split::x86::dot_vnni(kind, w, x) };
+            k.dot2_qs = |kind, w, x| unsafe { split::x86::dot2_vnni(kind, w, x) };
+            k.axpy_qs = |y, a, w| unsafe { split::x86::axpy_avx512(y, a, w) };
+            k.axpy4_qs = |y, a, w| unsafe { split::x86::axpy4_avx512(y, a, w) };
         }
         Ok(k)
     }
@@ -290,6 +321,10 @@ impl Kernels {
             attend: |q, k, v, hd, st, n, sc, s, o| unsafe {
                 simd::attend::<Scalar>(q, k, v, hd, st, n, sc, s, o)
             },
+            dot_qs: split::dot_scalar,
+            dot2_qs: split::dot2_scalar,
+            axpy_qs: split::axpy_scalar,
+            axpy4_qs: split::axpy4_scalar,
         }
     }
 
@@ -391,10 +426,13 @@ impl Kernels {
         scores: &mut [f32],
         out: &mut [f32],
     ) -> Result<()> {
-        if hd == 0 || q.len() % hd != 0 || stride < hd {
+        if hd == 0 || !q.len().is_multiple_of(hd) || stride < hd {
             return Err(Error::config(
                 "attention",
-                format!("query of {} values, head size {hd}, stride {stride}", q.len()),
+                format!(
+                    "query of {} values, head size {hd}, stride {stride}",
+                    q.len()
+                ),
             ));
         }
         let heads = q.len() / hd;
@@ -415,6 +453,28 @@ impl Kernels {
         }
         (self.attend)(q, k, v, hd, stride, n, scale, scores, out);
         Ok(())
+    }
+
+    /// `w . x` for a quantized row in the split layout ([`split_row`](crate::split_row): scales
+    /// first, then values) against an input quantized with [`QuantizedRow::quantize`].
+    pub fn dot_q_split(&self, kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
+        (self.dot_qs)(kind, w, x)
+    }
+
+    /// Two split rows against the same input (a neuron's gate and up): the input is read once.
+    pub fn dot2_q_split(&self, kind: QuantKind, w: [&[u8]; 2], x: &QuantizedRow) -> [f32; 2] {
+        (self.dot2_qs)(kind, w, x)
+    }
+
+    /// `y += a * w` for a Q8_0 row in the split layout.
+    pub fn axpy_q8_0_split(&self, y: &mut [f32], a: f32, w: &[u8]) {
+        (self.axpy_qs)(y, a, w)
+    }
+
+    /// `y += a[0] w[0] + .. + a[3] w[3]` for four Q8_0 rows in the split layout (the accumulator
+    /// is read and written once for the four).
+    pub fn axpy4_q8_0_split(&self, y: &mut [f32], a: [f32; 4], w: [&[u8]; 4]) {
+        (self.axpy4_qs)(y, a, w)
     }
 
     /// The dot kernel for storage element `E`.

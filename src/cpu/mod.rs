@@ -11,6 +11,7 @@ mod pool;
 mod quant;
 mod simd;
 mod sparse;
+mod split;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -42,8 +43,9 @@ pub(crate) fn prefetch<T>(s: &[T]) {
 
 /// How many neurons ahead the row loops prefetch.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
-pub use packed::{PackedRows, PACK};
 pub(crate) use packed::gemm;
-pub use pool::{share, Pool};
+pub use packed::{PackedRows, PACK};
+pub use pool::{share, Pool, SPIN_ENV};
 pub use quant::{dequantize_row, quantize_row_q8_0, QuantKind, QuantizedRow, QK};
 pub(crate) use sparse::{SparseJob, ThreadScratch};
+pub use split::{dequantize_split_row, split_row};

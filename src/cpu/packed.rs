@@ -68,7 +68,7 @@ impl PackedRows {
     /// Packs `rows` rows of `cols` weights given in GGUF's row-major block layout (`src` holds
     /// `rows * kind.row_bytes(cols)` bytes; `cols` a positive multiple of 32).
     pub fn pack(kind: QuantKind, rows: usize, cols: usize, src: &[u8]) -> Result<Self> {
-        if cols == 0 || cols % QK != 0 {
+        if cols == 0 || !cols.is_multiple_of(QK) {
             return Err(Error::shape(
                 "packed matrix columns (a multiple of 32)",
                 &[None],
@@ -191,11 +191,10 @@ impl PackedRows {
                 }
                 QuantKind::Q4_0 | QuantKind::Q4_1 => {
                     let m = match self.kind {
-                        QuantKind::Q4_1 => f16::from_le_bytes([
-                            recd[2 * PACK + 2 * l],
-                            recd[2 * PACK + 2 * l + 1],
-                        ])
-                        .to_f32(),
+                        QuantKind::Q4_1 => {
+                            f16::from_le_bytes([recd[2 * PACK + 2 * l], recd[2 * PACK + 2 * l + 1]])
+                                .to_f32()
+                        }
                         _ => -8.0 * d,
                     };
                     for c in 0..4 {
@@ -243,7 +242,12 @@ fn block_sum(kind: QuantKind, rec: &[u8], l: usize, xq: &[i8], xsum: i32) -> i32
 }
 
 /// The scalar reference of [`gemm`]: every lane and block in the documented order.
-pub(crate) fn gemm_scalar(p: &PackedRows, groups: Range<usize>, xs: &[QuantizedRow], out: &mut [f32]) {
+pub(crate) fn gemm_scalar(
+    p: &PackedRows,
+    groups: Range<usize>,
+    xs: &[QuantizedRow],
+    out: &mut [f32],
+) {
     let (kind, nb) = (p.kind, p.blocks());
     let rec = record_bytes(kind);
     let nx = xs.len();
@@ -274,7 +278,12 @@ pub(crate) fn gemm_scalar(p: &PackedRows, groups: Range<usize>, xs: &[QuantizedR
 
 /// The groups of `p` a kernel may compute into `out` for `nx` input rows: `groups` cut to the
 /// matrix and to what `out` holds.
-pub(crate) fn clamp_groups(p: &PackedRows, groups: Range<usize>, nx: usize, out: &[f32]) -> Range<usize> {
+pub(crate) fn clamp_groups(
+    p: &PackedRows,
+    groups: Range<usize>,
+    nx: usize,
+    out: &[f32],
+) -> Range<usize> {
     let end = groups.end.min(p.groups());
     let fit = if nx == 0 { 0 } else { out.len() / (nx * PACK) };
     let end = end.min(groups.start + fit);
@@ -295,7 +304,10 @@ pub(crate) fn gemm(
     if groups.is_empty() {
         return;
     }
-    if xs.iter().any(|x| x.blocks() < p.blocks() || x.q.len() < p.cols) {
+    if xs
+        .iter()
+        .any(|x| x.blocks() < p.blocks() || x.q.len() < p.cols)
+    {
         // A short input row: the reference cuts each row to its own blocks.
         return gemm_scalar(p, groups, xs, out);
     }
@@ -322,9 +334,9 @@ pub(crate) mod x86 {
     }
 
     /// # Safety
-    /// The CPU must have AVX-512F, AVX-512BW and AVX-512 VNNI; the arguments must satisfy the
+    /// The CPU must have AVX-512F, AVX-512BW, AVX-512VL and AVX-512 VNNI; the arguments must satisfy the
     /// module's contract.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(crate) unsafe fn gemm_vnni(
         p: &PackedRows,
         groups: Range<usize>,
@@ -347,7 +359,7 @@ pub(crate) mod x86 {
     /// also past the end of the matrix).
     const PREFETCH_BYTES: usize = 2048;
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn vnni<const K: usize>(
         p: &PackedRows,
         groups: Range<usize>,
@@ -423,7 +435,11 @@ pub(crate) mod x86 {
                     let xq = x.q.as_ptr().add(b * QK).cast::<i32>();
                     let (mut a0, mut a1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                     for c in (0..8).step_by(2) {
-                        a0 = _mm512_dpbusd_epi32(a0, w[c], _mm512_set1_epi32(xq.add(c).read_unaligned()));
+                        a0 = _mm512_dpbusd_epi32(
+                            a0,
+                            w[c],
+                            _mm512_set1_epi32(xq.add(c).read_unaligned()),
+                        );
                         a1 = _mm512_dpbusd_epi32(
                             a1,
                             w[c + 1],
@@ -440,7 +456,8 @@ pub(crate) mod x86 {
                     } else {
                         let off = if K == 0 { 8 } else { 128 };
                         s = _mm512_sub_epi32(s, _mm512_set1_epi32(off * *x.sum.get_unchecked(b)));
-                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[t]);
+                        acc[t] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[t]);
                     }
                 }
             }
@@ -534,7 +551,8 @@ pub(crate) mod x86 {
                                 let m = _mm256_cvtph_ps(_mm_loadu_si128(
                                     base.add(2 * PACK + 16 * h).cast(),
                                 ));
-                                let t1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), dx);
+                                let t1 =
+                                    _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), dx);
                                 let t2 = _mm256_mul_ps(m, _mm256_set1_ps(x.s[b]));
                                 _mm256_add_ps(acc, _mm256_add_ps(t1, t2))
                             } else {

@@ -15,8 +15,27 @@ use std::time::{Duration, Instant};
 
 type Job = *const (dyn Fn(usize) + Sync + 'static);
 
-/// How long an idle worker spins before it sleeps.
+/// A job over a chunk of items with per-thread state (see [`Pool::run_chunks_with`]).
+type ChunkStateFn<'a, T, S> = dyn Fn(std::ops::Range<usize>, &mut [T], &mut S) + Sync + 'a;
+
+/// How long an idle worker spins before it sleeps, unless [`SPIN_ENV`] says otherwise.
 const SPIN: Duration = Duration::from_micros(100);
+
+/// The environment variable that sets the spin, in microseconds (read once, when the first pool
+/// starts). Spinning lets back-to-back jobs (a decode step's layers) start without a wake-up; a
+/// host that runs its own threads between our jobs (candle's rayon ops around a `HybridFfn`) can
+/// set 0 so idle workers give their core back at once.
+pub const SPIN_ENV: &str = "POWERINFER_POOL_SPIN_US";
+
+fn spin() -> Duration {
+    static SPIN_US: OnceLock<Duration> = OnceLock::new();
+    *SPIN_US.get_or_init(|| {
+        std::env::var(SPIN_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(SPIN, Duration::from_micros)
+    })
+}
 
 struct Shared {
     epoch: AtomicU64,
@@ -195,7 +214,7 @@ impl Pool {
         items: usize,
         per_item: usize,
         states: &mut [S],
-        f: &(dyn Fn(std::ops::Range<usize>, &mut [T], &mut S) + Sync),
+        f: &ChunkStateFn<'_, T, S>,
     ) {
         let n = self.threads.min(states.len());
         let len = data.len();
@@ -257,7 +276,7 @@ fn worker(s: &Shared, idx: usize) {
             if s.shutdown.load(Ordering::Acquire) {
                 return;
             }
-            if start.elapsed() < SPIN {
+            if start.elapsed() < spin() {
                 std::hint::spin_loop();
                 continue;
             }

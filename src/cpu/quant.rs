@@ -49,6 +49,9 @@ pub struct QuantizedRow {
     pub(crate) sum: Vec<i32>,
     pub(crate) s: Vec<f32>,
     pub(crate) q: Vec<i8>,
+    /// The values regrouped for 4-bit rows in the split layout: per group of 4 blocks, the first
+    /// 16 values of each block, then their last 16 (128 bytes, zero past the last block).
+    pub(crate) q4: Vec<i8>,
 }
 
 impl QuantizedRow {
@@ -72,6 +75,13 @@ impl QuantizedRow {
             self.d[b] = d16.to_f32();
             self.sum[b] = sum;
             self.s[b] = (f16::from_f32(sum as f32) * d16).to_f32();
+        }
+        self.q4.clear();
+        self.q4.resize(nb.div_ceil(4) * 128, 0);
+        for (b, blk) in self.q.chunks_exact(QK).enumerate() {
+            let (g, j) = (b / 4, b % 4);
+            self.q4[g * 128 + 16 * j..][..16].copy_from_slice(&blk[..16]);
+            self.q4[g * 128 + 64 + 16 * j..][..16].copy_from_slice(&blk[16..]);
         }
     }
 

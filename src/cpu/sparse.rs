@@ -90,59 +90,94 @@ impl SparseJob<'_> {
         });
     }
 
-    /// The CPU tier on quantized bundles: integer dots of gate/up rows against the quantized
-    /// input, `axpy` of the Q8_0 down row.
+    /// The CPU tier on quantized bundles (rows in the split layout, see `split.rs`): integer dots
+    /// of gate/up rows against the quantized input, the down rows of four neurons added per pass
+    /// over the accumulator.
     fn partial_quant(&self, kind: QuantKind, w: &[u8], neurons: &[u32], st: &mut ThreadScratch) {
         let spec = self.bundles.spec();
         let (h, rows, act) = (spec.hidden, self.rows, spec.activation);
         let rg = kind.row_bytes(h);
-        let stride = (spec.rows_per_neuron() - 1) * rg + QuantKind::Q8_0.row_bytes(h);
+        let rd = QuantKind::Q8_0.row_bytes(h);
+        let stride = (spec.rows_per_neuron() - 1) * rg + rd;
         let k = self.kernels;
         let gate_bias = self.bundles.gate_bias.as_deref();
         let up_bias = self.bundles.up_bias.as_deref();
         let set = self.set;
+        let up_at = if spec.gated { rg } else { 0 };
+        // Every neuron in every row, nothing precomputed, and `up` needed whatever the gate is:
+        // gate and up in one pass over the input.
+        let both = spec.gated
+            && set.is_all()
+            && !set.has_known()
+            && !(self.rule.is_some() && act.exact_zeros());
+        // `h` of neuron `i` (bundle `b`) for row `r`, or 0 when not in the row's set or dropped.
+        let contribution = |b: &[u8], i: usize, r: usize| -> f32 {
+            let xq = &self.xq[r];
+            if both {
+                let [g, u] = k.dot2_q_split(kind, [&b[..rg], &b[rg..2 * rg]], xq);
+                let g = g + gate_bias.map_or(0.0, |b| b[i]);
+                return self.keep(act.gated(g, u + up_bias.map_or(0.0, |b| b[i])));
+            }
+            if !set.contains(r, i) {
+                return 0.0;
+            }
+            let up = || {
+                set.known_up(r, i).unwrap_or_else(|| {
+                    k.dot_q_split(kind, &b[up_at..up_at + rg], xq) + up_bias.map_or(0.0, |b| b[i])
+                })
+            };
+            if spec.gated {
+                let g = set.known_gate(r, i).unwrap_or_else(|| {
+                    k.dot_q_split(kind, &b[..rg], xq) + gate_bias.map_or(0.0, |b| b[i])
+                });
+                if self.gate_passes(g) {
+                    self.keep(act.gated(g, up()))
+                } else {
+                    0.0
+                }
+            } else {
+                self.keep(act.ungated(up()))
+            }
+        };
+        let down_of = |i: usize| &w[i * stride + stride - rd..(i + 1) * stride];
+        // Down rows waiting to be added, per row of the block: four at a time (`axpy4` reads and
+        // writes the accumulator once for four rows), from whichever neurons passed, in list order.
+        let mut pending = [[(0f32, 0usize); GROUP]; ROW_BLOCK];
+        let mut waiting = [0usize; ROW_BLOCK];
         for rb in (0..rows).step_by(ROW_BLOCK) {
             let re = (rb + ROW_BLOCK).min(rows);
-            for (p, &i) in neurons.iter().enumerate() {
-                if let Some(&a) = neurons.get(p + crate::cpu::PREFETCH_AHEAD) {
+            for (g, group) in neurons.chunks(GROUP).enumerate() {
+                // The next group's bundles (PREFETCH_AHEAD neurons ahead).
+                let ahead = (g + 1) * GROUP + crate::cpu::PREFETCH_AHEAD - GROUP;
+                for &a in neurons.iter().skip(ahead).take(GROUP) {
                     let a = a as usize;
                     crate::cpu::prefetch(&w[a * stride..(a + 1) * stride]);
                 }
-                let i = i as usize;
-                let b = &w[i * stride..(i + 1) * stride];
-                let up_at = if spec.gated { rg } else { 0 };
                 for r in rb..re {
-                    let v = if set.contains(r, i) {
-                        let xq = &self.xq[r];
-                        let up = || {
-                            set.known_up(r, i).unwrap_or_else(|| {
-                                k.dot_q(kind, &b[up_at..up_at + rg], xq)
-                                    + up_bias.map_or(0.0, |b| b[i])
-                            })
-                        };
-                        if spec.gated {
-                            let g = set.known_gate(r, i).unwrap_or_else(|| {
-                                k.dot_q(kind, &b[..rg], xq) + gate_bias.map_or(0.0, |b| b[i])
-                            });
-                            if self.gate_passes(g) {
-                                self.keep(act.gated(g, up()))
-                            } else {
-                                0.0
+                    let (p, n) = (&mut pending[r - rb], &mut waiting[r - rb]);
+                    for (j, &i) in group.iter().enumerate() {
+                        let i = i as usize;
+                        let v = contribution(&w[i * stride..(i + 1) * stride], i, r);
+                        st.h[(g * GROUP + j) * rows + r] = v;
+                        if v != 0.0 {
+                            p[*n] = (v, i);
+                            *n += 1;
+                            if *n == GROUP {
+                                k.axpy4_q8_0_split(
+                                    &mut st.acc[r * h..(r + 1) * h],
+                                    p.map(|(v, _)| v),
+                                    p.map(|(_, i)| down_of(i)),
+                                );
+                                *n = 0;
                             }
-                        } else {
-                            self.keep(act.ungated(up()))
                         }
-                    } else {
-                        0.0
-                    };
-                    st.h[p * rows + r] = v;
-                    if v != 0.0 {
-                        k.axpy_q8_0(
-                            &mut st.acc[r * h..(r + 1) * h],
-                            v,
-                            &b[stride - QuantKind::Q8_0.row_bytes(h)..],
-                        );
                     }
+                }
+            }
+            for r in rb..re {
+                let n = std::mem::take(&mut waiting[r - rb]);
+                for &(v, i) in &pending[r - rb][..n] {
+                    k.axpy_q8_0_split(&mut st.acc[r * h..(r + 1) * h], v, down_of(i));
                 }
             }
         }

@@ -214,10 +214,17 @@ impl Decoder {
         let (qw, kvw) = (heads * hd, kvh * hd);
         let qkvw = qw + 2 * kvw;
         let end = pos + rows;
-        let cap = self.kv.first().map_or(0, |c| c.k.len() / kvw.max(1));
-        if end > cap {
-            let grow = end.max(2 * cap).max(MIN_KV);
+        let capacity = |kv: &[KvCache]| kv.first().map_or(0, |c| c.k.len() / kvw.max(1));
+        if end > capacity(&self.kv) {
+            let grow = end.max(2 * capacity(&self.kv)).max(MIN_KV);
             self.reserve(cfg, grow);
+        }
+        let cap = capacity(&self.kv);
+        if end > cap {
+            return Err(ErrorKind::Prompt {
+                reason: format!("{end} positions exceed the {cap} the RoPE tables cover"),
+            }
+            .into());
         }
         let s = &mut self.s;
         s.x.resize(rows * hidden, 0.0);
@@ -229,6 +236,13 @@ impl Decoder {
             s.xq.resize_with(rows, Default::default);
         }
         s.threads.resize_with(self.pool.threads(), Default::default);
+        // Scores for every cached position: grown with the cache, not per token.
+        let rep = heads / kvh.max(1);
+        for t in &mut s.threads {
+            if t.scores.capacity() < rep * cap {
+                t.scores.reserve(rep * cap - t.scores.len());
+            }
+        }
 
         for (r, &t) in tokens.iter().enumerate() {
             let row = &mut s.x[r * hidden..(r + 1) * hidden];
@@ -275,7 +289,6 @@ impl Decoder {
                 cache.v[p * kvw..(p + 1) * kvw].copy_from_slice(&row[qw + kvw..]);
             }
             // 4. Attention: one item per (row, KV head), its query heads side by side in `att`.
-            let rep = heads / kvh;
             let (k, qkv_rows, cache) = (&self.kernels, &s.qkv, &*cache);
             let (kc, vc) = (&cache.k[..end * kvw], &cache.v[..end * kvw]);
             let failed = std::sync::atomic::AtomicBool::new(false);
@@ -318,7 +331,7 @@ impl Decoder {
             // 5. Residual, FFN norm, FFN.
             if let Some(Some(rms)) = pre_norm_rms.get(l) {
                 for (xr, fr) in s.x.chunks_exact_mut(hidden).zip(s.f.chunks_exact(hidden)) {
-                    xr.iter_mut().zip(fr).for_each(|(x, f)| *x = *f + *x);
+                    xr.iter_mut().zip(fr).for_each(|(x, f)| *x += *f);
                 }
                 s.rms.clear();
                 s.rms.extend(s.x.chunks_exact(hidden).map(|xr| {
@@ -354,7 +367,7 @@ impl Decoder {
         let out_rows = if last_only { 1 } else { rows };
         let first = rows - out_rows;
         for (xr, fr) in s.x.chunks_exact_mut(hidden).zip(s.f.chunks_exact(hidden)) {
-            xr.iter_mut().zip(fr).for_each(|(x, f)| *x = *f + *x);
+            xr.iter_mut().zip(fr).for_each(|(x, f)| *x += *f);
         }
         clock.lap(Lap::Other);
         rms_norm_rows(
@@ -363,7 +376,10 @@ impl Decoder {
             self.eps,
             &mut s.h[..out_rows * hidden],
         );
-        for (q, h) in s.xq.iter_mut().zip(s.h[..out_rows * hidden].chunks_exact(hidden)) {
+        for (q, h) in
+            s.xq.iter_mut()
+                .zip(s.h[..out_rows * hidden].chunks_exact(hidden))
+        {
             q.quantize(h);
         }
         let vocab = self.lm_head.dims().0;
@@ -405,7 +421,7 @@ fn add_rms_norm_rows(x: &mut [f32], f: &[f32], w: &[f32], eps: f32, out: &mut [f
     {
         let mut sum2 = 0f32;
         for (v, &a) in xr.iter_mut().zip(fr) {
-            *v = a + *v;
+            *v += a;
             sum2 += *v * *v;
         }
         let m = (sum2 / n as f32 + eps).sqrt();
@@ -420,7 +436,11 @@ fn add_rms_norm_rows(x: &mut [f32], f: &[f32], w: &[f32], eps: f32, out: &mut [f
 fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
     let half = x.len() / 2;
     for i in 0..half {
-        let (a, b) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+        let (a, b) = if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + half)
+        };
         let (x0, x1) = (x[a], x[b]);
         x[a] = x0 * cos[i] - x1 * sin[i];
         x[b] = x0 * sin[i] + x1 * cos[i];

@@ -33,9 +33,9 @@ use std::path::Path;
 pub use analyze::{model_sha256, native_storage, Profile, Sampling};
 pub use config::{activation_from_name, LlamaConfig};
 pub use error::{Error, ErrorKind, Result};
+pub use fused::KernelFfn;
 pub use generate::{generate, GenerateOptions, Generation};
 pub use load::{load_gguf, load_safetensors, FfnMode, GgufFile, PredictorChoice};
-pub use fused::KernelFfn;
 pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
 pub use tokenizer::TextTokenizer;
 

@@ -196,7 +196,10 @@ impl GgufFile {
         for part in parts {
             let name = format!("{prefix}.{part}");
             let w = self.tensor(&format!("{name}.weight"))?;
-            biases.push((w.shape().dims().first().copied().unwrap_or(0), self.bias(&name)?));
+            biases.push((
+                w.shape().dims().first().copied().unwrap_or(0),
+                self.bias(&name)?,
+            ));
             ws.push(w);
         }
         let bias = if biases.iter().any(|b| b.1.is_some()) {
@@ -286,7 +289,9 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
             if let Some((name, t)) = unpackable(gguf, &cfg, true) {
                 return Err(powerinfer::Error::config(
                     "fused decoder",
-                    format!("tensor `{name}` is {t:?}; the fused decoder takes Q4_0, Q4_1 and Q8_0"),
+                    format!(
+                        "tensor `{name}` is {t:?}; the fused decoder takes Q4_0, Q4_1 and Q8_0"
+                    ),
                 )
                 .into());
             }
@@ -386,13 +391,24 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
         } else {
             gguf.tensor("output.weight")?
         };
-        return finish(cfg, Some(embed), layers, norm_w, qlinear(lm_head, None)?, None);
+        return finish(
+            cfg,
+            Some(embed),
+            layers,
+            norm_w,
+            qlinear(lm_head, None)?,
+            None,
+        );
     };
     // Fused: the LM head on our kernels; a tied embedding is read from its rows (held once).
     let head = if tied {
         Arc::new(powerinfer::QLinear::new(&embed_q, None, t)?)
     } else {
-        Arc::new(powerinfer::QLinear::new(&gguf.tensor("output.weight")?, None, t)?)
+        Arc::new(powerinfer::QLinear::new(
+            &gguf.tensor("output.weight")?,
+            None,
+            t,
+        )?)
     };
     let embed = if tied {
         Embed::Packed(Arc::clone(&head))
@@ -496,10 +512,10 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
         let ffn = match mode {
             FfnMode::Dense | FfnMode::DenseF32 | FfnMode::Analysis | FfnMode::Fused { .. } => {
                 Ffn::Dense(DenseFfn {
-                gate: lin(&format!("{mlp}.gate_proj"), false)?,
-                up: lin(&format!("{mlp}.up_proj"), false)?,
-                down: lin(&format!("{mlp}.down_proj"), false)?,
-                act: cfg.activation,
+                    gate: lin(&format!("{mlp}.gate_proj"), false)?,
+                    up: lin(&format!("{mlp}.up_proj"), false)?,
+                    down: lin(&format!("{mlp}.down_proj"), false)?,
+                    act: cfg.activation,
                 })
             }
             FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| {

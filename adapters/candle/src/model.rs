@@ -209,7 +209,9 @@ fn linear_bytes(l: &Linear) -> usize {
         Linear::Candle { w, b } => {
             let w = match w {
                 QMatMul::QTensor(q) => q.storage_size_in_bytes(),
-                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.elem_count() * t.dtype().size_in_bytes(),
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => {
+                    t.elem_count() * t.dtype().size_in_bytes()
+                }
             };
             w + b.as_ref().map_or(0, |b| b.elem_count() * 4)
         }
@@ -293,7 +295,10 @@ impl Llama {
                 Attention::Fused { qkv, o } => qkv.weights().bytes() + o.weights().bytes(),
             };
             let (gu, d) = match &l.ffn {
-                Ffn::Dense(f) => (linear_bytes(&f.gate) + linear_bytes(&f.up), linear_bytes(&f.down)),
+                Ffn::Dense(f) => (
+                    linear_bytes(&f.gate) + linear_bytes(&f.up),
+                    linear_bytes(&f.down),
+                ),
                 Ffn::Kernels(f) => (f.gate_up.weights().bytes(), f.down.weights().bytes()),
                 Ffn::Hybrid(h) => {
                     let (spec, dt) = (h.spec(), h.bundles().dtype());
@@ -348,8 +353,8 @@ impl Llama {
             self.logits_copy = t.to_vec1::<f32>()?;
             return Ok(&self.logits_copy);
         }
-        self.check_tokens_impl(tokens, pos)?;
         let mut clock = Clock::new(self.timings.is_some());
+        self.check_tokens_impl(tokens, pos)?;
         let Llama {
             config,
             layers,
@@ -514,7 +519,11 @@ impl Llama {
             )?)
         };
         let Some(embed) = &self.embed else {
-            return Err(powerinfer::Error::config("embedding", "fused models run on the fused decoder").into());
+            return Err(powerinfer::Error::config(
+                "embedding",
+                "fused models run on the fused decoder",
+            )
+            .into());
         };
         let mut x = embed.forward(&ids)?;
         let (cos, sin) = (self.cos.narrow(0, pos, seq)?, self.sin.narrow(0, pos, seq)?);
@@ -559,21 +568,25 @@ fn attention(
     let (b, seq, hidden) = x.dims3()?;
     let hd = cfg.head_dim();
     let Attention::Ops { q, k, v, o } = &l.attn else {
-        return Err(powerinfer::Error::config("attention", "fused layers run on the fused decoder").into());
+        return Err(powerinfer::Error::config(
+            "attention",
+            "fused layers run on the fused decoder",
+        )
+        .into());
     };
-    let q =
-        q.forward(x)?
-            .reshape((b, seq, cfg.heads, hd))?
-            .transpose(1, 2)?;
-    let k =
-        k.forward(x)?
-            .reshape((b, seq, cfg.kv_heads, hd))?
-            .transpose(1, 2)?;
-    let v =
-        v.forward(x)?
-            .reshape((b, seq, cfg.kv_heads, hd))?
-            .transpose(1, 2)?
-            .contiguous()?;
+    let q = q
+        .forward(x)?
+        .reshape((b, seq, cfg.heads, hd))?
+        .transpose(1, 2)?;
+    let k = k
+        .forward(x)?
+        .reshape((b, seq, cfg.kv_heads, hd))?
+        .transpose(1, 2)?;
+    let v = v
+        .forward(x)?
+        .reshape((b, seq, cfg.kv_heads, hd))?
+        .transpose(1, 2)?
+        .contiguous()?;
     let rope = |t: &Tensor| -> candle_core::Result<Tensor> {
         if cfg.rope_interleaved {
             candle_nn::rotary_emb::rope_i(&t.contiguous()?, cos, sin)

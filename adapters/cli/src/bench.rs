@@ -47,7 +47,12 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 /// The peer: candle-transformers' `quantized_llama` on the same GGUF file and prompt.
-fn measure_candle(path: &std::path::Path, prompt: &[u32], decode: usize, runs: usize) -> Result<Row> {
+fn measure_candle(
+    path: &std::path::Path,
+    prompt: &[u32],
+    decode: usize,
+    runs: usize,
+) -> Result<Row> {
     use candle_transformers::models::quantized_llama::ModelWeights;
     let dev = candle_core::Device::Cpu;
     let mut f = std::fs::File::open(path)?;
@@ -63,7 +68,11 @@ fn measure_candle(path: &std::path::Path, prompt: &[u32], decode: usize, runs: u
         let t = Instant::now();
         for i in 0..decode {
             let x = candle_core::Tensor::new(&[next], &dev)?.unsqueeze(0)?;
-            next = argmax(&m.forward(&x, prompt.len() + i)?.squeeze(0)?.to_vec1::<f32>()?);
+            next = argmax(
+                &m.forward(&x, prompt.len() + i)?
+                    .squeeze(0)?
+                    .to_vec1::<f32>()?,
+            );
         }
         d.push(decode as f64 / t.elapsed().as_secs_f64());
     }
@@ -96,13 +105,19 @@ fn measure(
         let mut next = argmax(logits);
         p.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
         model.enable_timings();
+        let mut sampling = std::time::Duration::ZERO;
         let t = Instant::now();
         for i in 0..decode {
-            next = argmax(model.forward_logits(&[next], prompt.len() + i)?);
+            let logits = model.forward_logits(&[next], prompt.len() + i)?;
+            let s = Instant::now();
+            next = argmax(logits);
+            sampling += s.elapsed();
         }
         d.push(decode as f64 / t.elapsed().as_secs_f64());
         if let Some(tm) = model.timings() {
             per_token = tm.clone();
+            // Choosing the next token is part of a decode step: counted with `other`.
+            per_token.other += sampling;
         }
     }
     let positions = prompt.len() + decode / 2;
@@ -210,6 +225,14 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         Some("llama.cpp") => true,
         Some(p) => bail!("--peer {p}: the only peer is llama.cpp"),
     };
+    let modes: Vec<&str> = a.modes.split(',').map(str::trim).collect();
+    if let Some(m) = modes
+        .iter()
+        .find(|m| !["candle", "reference", "dense", "all", "sparse"].contains(m))
+    {
+        bail!("--modes: unknown mode `{m}` (candle, reference, dense, all, sparse)");
+    }
+    let want = |m: &str| modes.contains(&m);
     let settings = SparseSettings::from_args(&a.model)?;
     let threads = settings.threads;
     // candle's ops (the reference and candle rows) use rayon, sized by RAYON_NUM_THREADS: give them
@@ -223,13 +246,8 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     let mut lcpp = (Vec::new(), Vec::new());
     let peer_run = |lcpp: &mut (Vec<f64>, Vec<f64>)| -> Result<()> {
         if peer && gguf {
-            let (p, d) = measure_llama_cpp(
-                &path,
-                threads,
-                a.prompt_tokens,
-                a.decode_tokens,
-                a.runs,
-            )?;
+            let (p, d) =
+                measure_llama_cpp(&path, threads, a.prompt_tokens, a.decode_tokens, a.runs)?;
             lcpp.0.extend(p);
             lcpp.1.extend(d);
         }
@@ -247,32 +265,53 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         );
     }
     let mut rows = Vec::new();
-    if gguf {
+    if gguf && want("candle") {
         rows.push(measure_candle(&path, &prompt, a.decode_tokens, a.runs)?);
     }
-    rows.push(measure(
-        &mut reference.model,
-        &prompt,
-        a.decode_tokens,
-        a.runs,
-        "reference",
-    )?);
+    if want("reference") {
+        rows.push(measure(
+            &mut reference.model,
+            &prompt,
+            a.decode_tokens,
+            a.runs,
+            "reference",
+        )?);
+    }
     drop(reference);
     // The dense FFN on our kernels and decoder (GGUF with Q4_0/Q4_1/Q8_0 projections only).
-    if gguf {
+    if gguf && want("dense") {
         match load(&path, &FfnMode::Fused { threads }) {
             Ok(mut dense) => {
-                rows.push(measure(&mut dense.model, &prompt, a.decode_tokens, a.runs, "dense")?);
+                rows.push(measure(
+                    &mut dense.model,
+                    &prompt,
+                    a.decode_tokens,
+                    a.runs,
+                    "dense",
+                )?);
             }
             Err(e) => eprintln!("no `dense` row: {e:#}"),
         }
     }
     // Every neuron through the sparse FFN's kernels: what the kernels cost before skipping.
-    let mut all = load(&path, &settings.mode())?;
-    rows.push(measure(&mut all.model, &prompt, a.decode_tokens, a.runs, "all")?);
-    let fused = all.model.is_fused();
-    drop(all);
+    let mut fused = true;
+    if want("all") {
+        let mut all = load(&path, &settings.mode())?;
+        rows.push(measure(
+            &mut all.model,
+            &prompt,
+            a.decode_tokens,
+            a.runs,
+            "all",
+        )?);
+        fused = all.model.is_fused();
+    }
+    if !want("sparse") {
+        peer_run(&mut lcpp)?;
+        return finish(rows, lcpp, peer && gguf, bw, threads, &prompt, a, fused);
+    }
     let mut sp = load_sparse(&path, &settings)?;
+    fused &= sp.m.model.is_fused();
     // With an artifact: exact thresholding at its |h| thresholds, then its trained predictors.
     let mut modes = vec![("sparse", false)];
     if sp.artifact.is_some() {
@@ -296,20 +335,35 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     }
     drop(sp);
     peer_run(&mut lcpp)?;
-    if peer && gguf {
+    finish(rows, lcpp, peer && gguf, bw, threads, &prompt, a, fused)
+}
+
+/// Adds the peer's row (llama.cpp's samples from both halves of the run) and prints.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    mut rows: Vec<Row>,
+    lcpp: (Vec<f64>, Vec<f64>),
+    peer: bool,
+    bw: f64,
+    threads: usize,
+    prompt: &[u32],
+    a: &BenchArgs,
+    fused: bool,
+) -> Result<()> {
+    if peer {
         rows.insert(
             0,
             Row {
                 mode: "llama.cpp",
-                prompt_tps: median(lcpp.0.clone()),
-                decode_tps: median(lcpp.1.clone()),
+                prompt_tps: median(lcpp.0),
+                decode_tps: median(lcpp.1),
                 per_token: None,
                 bytes: None,
                 sparsity: None,
             },
         );
     }
-    print_table(&rows, bw, threads, &prompt, a, fused)
+    print_table(&rows, bw, threads, prompt, a, fused)
 }
 
 fn print_table(
@@ -328,7 +382,17 @@ fn print_table(
     );
     println!(
         "{:<9} {:>9} {:>9} | decode ms/token: {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} | {:>7} {:>8}",
-        "mode", "prompt/s", "decode/s", "attn", "ffn", "head", "other", "sum", "measured", "MB/tok", "floor ms"
+        "mode",
+        "prompt/s",
+        "decode/s",
+        "attn",
+        "ffn",
+        "head",
+        "other",
+        "sum",
+        "measured",
+        "MB/tok",
+        "floor ms"
     );
     for r in rows {
         let measured = 1e3 / r.decode_tps;

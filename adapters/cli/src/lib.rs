@@ -204,6 +204,9 @@ pub struct BenchArgs {
     /// on first use, about 10 minutes).
     #[arg(long, value_name = "ENGINE")]
     pub peer: Option<String>,
+    /// Which of our rows to run, comma-separated (candle, reference, dense, all, sparse).
+    #[arg(long, default_value = "candle,reference,dense,all,sparse")]
+    pub modes: String,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,

@@ -90,3 +90,94 @@ pub fn write_model(dir: &Path, tensors: &HashMap<String, Tensor>, config: &str) 
     candle_core::safetensors::save(tensors, dir.join("model.safetensors")).unwrap();
     std::fs::write(dir.join("config.json"), config).unwrap();
 }
+
+/// Shape and storage of a random GGUF llama written by [`write_gguf_llama`].
+#[derive(Debug, Clone, Copy)]
+pub struct GgufSpec {
+    pub hidden: usize,
+    pub inter: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub layers: usize,
+    pub vocab: usize,
+    /// Block type of every projection and of the embedding.
+    pub dtype: candle_core::quantized::GgmlDType,
+    /// No `output.weight`: the LM head is the embedding.
+    pub tied: bool,
+    pub seed: u64,
+}
+
+/// Writes a random llama-architecture GGUF file (no tokenizer) with `s`'s shapes and block type.
+pub fn write_gguf_llama(path: &Path, s: &GgufSpec) {
+    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    use gguf_file::Value;
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(s.seed);
+    let mut rnd = |dims: &[usize], scale: f32| -> Tensor {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale * 1.7)
+            .collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    };
+    let hd = s.hidden / s.heads;
+    let w = 1.0 / (s.hidden as f32).sqrt();
+    let mut t: Vec<(String, Tensor, GgmlDType)> = vec![
+        (
+            "token_embd.weight".into(),
+            rnd(&[s.vocab, s.hidden], 1.0),
+            s.dtype,
+        ),
+        (
+            "output_norm.weight".into(),
+            (rnd(&[s.hidden], 0.1) + 1.0).unwrap(),
+            GgmlDType::F32,
+        ),
+    ];
+    if !s.tied {
+        t.push((
+            "output.weight".into(),
+            rnd(&[s.vocab, s.hidden], w),
+            s.dtype,
+        ));
+    }
+    for l in 0..s.layers {
+        let p = |n: &str| format!("blk.{l}.{n}.weight");
+        let f32_ = GgmlDType::F32;
+        t.push((p("attn_norm"), (rnd(&[s.hidden], 0.1) + 1.0).unwrap(), f32_));
+        t.push((p("ffn_norm"), (rnd(&[s.hidden], 0.2) + 1.0).unwrap(), f32_));
+        t.push((p("attn_q"), rnd(&[s.heads * hd, s.hidden], w), s.dtype));
+        t.push((p("attn_k"), rnd(&[s.kv_heads * hd, s.hidden], w), s.dtype));
+        t.push((p("attn_v"), rnd(&[s.kv_heads * hd, s.hidden], w), s.dtype));
+        t.push((p("attn_output"), rnd(&[s.hidden, s.heads * hd], w), s.dtype));
+        t.push((p("ffn_gate"), rnd(&[s.inter, s.hidden], w), s.dtype));
+        t.push((p("ffn_up"), rnd(&[s.inter, s.hidden], w), s.dtype));
+        t.push((
+            p("ffn_down"),
+            rnd(&[s.hidden, s.inter], 1.0 / (s.inter as f32).sqrt()),
+            s.dtype,
+        ));
+    }
+    let meta = [
+        ("general.architecture", Value::String("llama".into())),
+        ("llama.block_count", Value::U32(s.layers as u32)),
+        ("llama.embedding_length", Value::U32(s.hidden as u32)),
+        ("llama.feed_forward_length", Value::U32(s.inter as u32)),
+        ("llama.attention.head_count", Value::U32(s.heads as u32)),
+        (
+            "llama.attention.head_count_kv",
+            Value::U32(s.kv_heads as u32),
+        ),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("llama.context_length", Value::U32(512)),
+        ("llama.rope.freq_base", Value::F32(10_000.0)),
+    ];
+    let qs: Vec<(String, QTensor)> = t
+        .iter()
+        .map(|(n, x, dt)| (n.clone(), QTensor::quantize(x, *dt).unwrap()))
+        .collect();
+    let m: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+    let q: Vec<(&str, &QTensor)> = qs.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut f, &m, &q).unwrap();
+}

@@ -1,0 +1,135 @@
+//! `Kernels::attend` (one query position, the query heads that share a KV head) against a naive
+//! f64 reference on every SIMD tier, plus the typed errors for short slices.
+
+use powerinfer::{CpuTier, ErrorKind, Kernels};
+use proptest::prelude::*;
+
+/// Softmax-weighted values, in f64.
+fn naive(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    hd: usize,
+    stride: usize,
+    n: usize,
+    scale: f32,
+) -> Vec<f64> {
+    let heads = q.len() / hd;
+    let mut out = vec![0f64; q.len()];
+    for h in 0..heads {
+        let s: Vec<f64> = (0..n)
+            .map(|j| {
+                (0..hd)
+                    .map(|d| q[h * hd + d] as f64 * k[j * stride + d] as f64)
+                    .sum::<f64>()
+                    * scale as f64
+            })
+            .collect();
+        let m = s.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        for j in 0..n {
+            for d in 0..hd {
+                out[h * hd + d] += e[j] / z * v[j * stride + d] as f64;
+            }
+        }
+    }
+    out
+}
+
+fn check(heads: usize, hd: usize, extra: usize, n: usize, seed: u64) -> Result<(), TestCaseError> {
+    let stride = hd + extra;
+    let mut x = seed | 1;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+    };
+    let q: Vec<f32> = (0..heads * hd).map(|_| rnd()).collect();
+    let kv = (n.max(1) - 1) * stride + hd;
+    let k: Vec<f32> = (0..kv).map(|_| rnd()).collect();
+    let v: Vec<f32> = (0..kv).map(|_| rnd()).collect();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let want = naive(&q, &k, &v, hd, stride, n, scale);
+    for tier in CpuTier::supported() {
+        let kern = Kernels::new(tier).unwrap();
+        let mut scores = vec![0f32; heads * n];
+        let mut out = vec![f32::NAN; heads * hd];
+        kern.attend(&q, &k, &v, hd, stride, n, scale, &mut scores, &mut out)
+            .unwrap();
+        for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+            // Weights sum to 1 and values lie in [-2, 2]: absolute 1e-5 is a relative bound.
+            prop_assert!(
+                (g as f64 - w).abs() <= 1e-5,
+                "{tier} heads {heads} hd {hd} n {n} [{i}]: {g} vs {w}"
+            );
+        }
+        for h in 0..heads {
+            let sum: f32 = scores[h * n..(h + 1) * n].iter().sum();
+            prop_assert!(
+                n == 0 || (sum - 1.0).abs() < 1e-5,
+                "{tier}: weights sum to {sum}"
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn attend_matches_naive(heads in 1usize..5, hd in 1usize..80, extra in 0usize..20, n in 0usize..50, seed in any::<u64>()) {
+        check(heads, hd, extra, n, seed)?;
+    }
+}
+
+/// Head sizes of 1, odd, SIMD widths +-1; one and many positions; no positions.
+#[test]
+fn attend_edge_shapes() {
+    for &hd in &[1usize, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 128] {
+        for &n in &[0usize, 1, 2, 17, 64] {
+            for heads in [1, 3] {
+                check(heads, hd, hd % 3, n, (hd * 100 + n) as u64).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn attend_rejects_short_slices() {
+    let k = Kernels::detect().unwrap();
+    let q = vec![0.5f32; 16];
+    let kv = vec![0.1f32; 4 * 16];
+    let mut s = vec![0f32; 4];
+    let mut o = vec![0f32; 16];
+    k.attend(&q, &kv, &kv, 16, 16, 4, 0.25, &mut s, &mut o)
+        .unwrap();
+    let shape = |e: powerinfer::Error| matches!(e.kind(), ErrorKind::Shape { .. });
+    assert!(shape(
+        k.attend(&q, &kv[..63], &kv, 16, 16, 4, 0.25, &mut s, &mut o)
+            .unwrap_err()
+    ));
+    assert!(shape(
+        k.attend(&q, &kv, &kv[..10], 16, 16, 4, 0.25, &mut s, &mut o)
+            .unwrap_err()
+    ));
+    assert!(shape(
+        k.attend(&q, &kv, &kv, 16, 16, 4, 0.25, &mut s[..3], &mut o)
+            .unwrap_err()
+    ));
+    assert!(shape(
+        k.attend(&q, &kv, &kv, 16, 16, 4, 0.25, &mut s, &mut o[..15])
+            .unwrap_err()
+    ));
+    // A head size that does not divide the query, or a stride below it: configuration errors.
+    assert!(k
+        .attend(&q, &kv, &kv, 5, 16, 4, 0.25, &mut s, &mut o)
+        .is_err());
+    assert!(k
+        .attend(&q, &kv, &kv, 16, 8, 4, 0.25, &mut s, &mut o)
+        .is_err());
+    assert!(k
+        .attend(&q, &kv, &kv, 0, 16, 4, 0.25, &mut s, &mut o)
+        .is_err());
+}
