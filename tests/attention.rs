@@ -1,7 +1,7 @@
 //! `Kernels::attend` (one query position, the query heads that share a KV head) against a naive
 //! f64 reference on every SIMD tier, plus the typed errors for short slices.
 
-use powerinfer::{CpuTier, ErrorKind, Kernels};
+use powerinfer::{CpuTier, ErrorKind, Kernels, KvRows};
 use proptest::prelude::*;
 
 /// Softmax-weighted values, in f64.
@@ -56,8 +56,14 @@ fn check(heads: usize, hd: usize, extra: usize, n: usize, seed: u64) -> Result<(
         let kern = Kernels::new(tier).unwrap();
         let mut scores = vec![0f32; heads * n];
         let mut out = vec![f32::NAN; heads * hd];
-        kern.attend(&q, &k, &v, hd, stride, n, scale, &mut scores, &mut out)
-            .unwrap();
+        let kv = KvRows {
+            keys: &k,
+            values: &v,
+            head_dim: hd,
+            stride,
+            positions: n,
+        };
+        kern.attend(&q, &kv, scale, &mut scores, &mut out).unwrap();
         for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
             // Weights sum to 1 and values lie in [-2, 2]: absolute 1e-5 is a relative bound.
             prop_assert!(
@@ -103,33 +109,26 @@ fn attend_rejects_short_slices() {
     let kv = vec![0.1f32; 4 * 16];
     let mut s = vec![0f32; 4];
     let mut o = vec![0f32; 16];
-    k.attend(&q, &kv, &kv, 16, 16, 4, 0.25, &mut s, &mut o)
+    let rows = |keys: &'static [f32], values: &'static [f32], head_dim, stride| KvRows {
+        keys,
+        values,
+        head_dim,
+        stride,
+        positions: 4,
+    };
+    let kv: &'static [f32] = Box::leak(kv.into_boxed_slice());
+    k.attend(&q, &rows(kv, kv, 16, 16), 0.25, &mut s, &mut o)
         .unwrap();
     let shape = |e: powerinfer::Error| matches!(e.kind(), ErrorKind::Shape { .. });
-    assert!(shape(
-        k.attend(&q, &kv[..63], &kv, 16, 16, 4, 0.25, &mut s, &mut o)
-            .unwrap_err()
-    ));
-    assert!(shape(
-        k.attend(&q, &kv, &kv[..10], 16, 16, 4, 0.25, &mut s, &mut o)
-            .unwrap_err()
-    ));
-    assert!(shape(
-        k.attend(&q, &kv, &kv, 16, 16, 4, 0.25, &mut s[..3], &mut o)
-            .unwrap_err()
-    ));
-    assert!(shape(
-        k.attend(&q, &kv, &kv, 16, 16, 4, 0.25, &mut s, &mut o[..15])
-            .unwrap_err()
-    ));
+    let bad =
+        |r: KvRows<'_>, s: &mut [f32], o: &mut [f32]| k.attend(&q, &r, 0.25, s, o).unwrap_err();
+    assert!(shape(bad(rows(&kv[..63], kv, 16, 16), &mut s, &mut o)));
+    assert!(shape(bad(rows(kv, &kv[..10], 16, 16), &mut s, &mut o)));
+    assert!(shape(bad(rows(kv, kv, 16, 16), &mut s[..3], &mut o)));
+    assert!(shape(bad(rows(kv, kv, 16, 16), &mut s, &mut o[..15])));
     // A head size that does not divide the query, or a stride below it: configuration errors.
-    assert!(k
-        .attend(&q, &kv, &kv, 5, 16, 4, 0.25, &mut s, &mut o)
-        .is_err());
-    assert!(k
-        .attend(&q, &kv, &kv, 16, 8, 4, 0.25, &mut s, &mut o)
-        .is_err());
-    assert!(k
-        .attend(&q, &kv, &kv, 0, 16, 4, 0.25, &mut s, &mut o)
-        .is_err());
+    for (hd, stride) in [(5, 16), (16, 8), (0, 16)] {
+        let e = bad(rows(kv, kv, hd, stride), &mut s, &mut o);
+        assert!(matches!(e.kind(), ErrorKind::Config { .. }), "{e}");
+    }
 }

@@ -158,7 +158,23 @@ pub struct Kernels {
     axpy4_qs: fn(&mut [f32], [f32; 4], [&[u8]; 4]),
 }
 
-type AttendFn = fn(&[f32], &[f32], &[f32], usize, usize, usize, f32, &mut [f32], &mut [f32]);
+type AttendFn = fn(&[f32], &KvRows<'_>, f32, &mut [f32], &mut [f32]);
+
+/// The cached keys and values of one KV head for [`Kernels::attend`]: position `j`'s key is
+/// `keys[j * stride..j * stride + head_dim]`, its value the same range of `values`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvRows<'a> {
+    /// Keys, position-major.
+    pub keys: &'a [f32],
+    /// Values, position-major.
+    pub values: &'a [f32],
+    /// Values per head.
+    pub head_dim: usize,
+    /// Distance between consecutive positions (at least `head_dim`).
+    pub stride: usize,
+    /// Positions to attend to.
+    pub positions: usize,
+}
 
 /// The packed-matrix product (see `packed::gemm` for the contract the kernels rely on).
 pub(crate) type GemmFn = fn(&PackedRows, Range<usize>, &[QuantizedRow], &mut [f32]);
@@ -193,21 +209,10 @@ macro_rules! table {
             unsafe { simd::axpy4::<$S, E>(y, a, w) }
         }
         #[target_feature(enable = $feat)]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn attend(
-            q: &[f32],
-            k: &[f32],
-            v: &[f32],
-            hd: usize,
-            stride: usize,
-            n: usize,
-            scale: f32,
-            scores: &mut [f32],
-            out: &mut [f32],
-        ) {
+        unsafe fn attend(q: &[f32], kv: &KvRows<'_>, scale: f32, s: &mut [f32], o: &mut [f32]) {
             // SAFETY: only reachable through a table built after detecting these features;
             // `Kernels::attend` checked the lengths.
-            unsafe { simd::attend::<$S>(q, k, v, hd, stride, n, scale, scores, out) }
+            unsafe { simd::attend::<$S>(q, kv, scale, s, o) }
         }
         Kernels {
             tier: $tier,
@@ -228,7 +233,7 @@ macro_rules! table {
             axpy_q8_0: quant::axpy_q8_0_scalar,
             gemm_q: packed::gemm_scalar,
             // SAFETY: as above; lengths checked by `Kernels::attend`.
-            attend: |q, k, v, hd, st, n, sc, s, o| unsafe { attend(q, k, v, hd, st, n, sc, s, o) },
+            attend: |q, kv, sc, s, o| unsafe { attend(q, kv, sc, s, o) },
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
@@ -318,9 +323,7 @@ impl Kernels {
             axpy_q8_0: quant::axpy_q8_0_scalar,
             gemm_q: packed::gemm_scalar,
             // SAFETY: the scalar tier needs no CPU feature; lengths checked by `Kernels::attend`.
-            attend: |q, k, v, hd, st, n, sc, s, o| unsafe {
-                simd::attend::<Scalar>(q, k, v, hd, st, n, sc, s, o)
-            },
+            attend: |q, kv, sc, s, o| unsafe { simd::attend::<Scalar>(q, kv, sc, s, o) },
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
@@ -408,24 +411,20 @@ impl Kernels {
         (self.axpy_q8_0)(y, a, w)
     }
 
-    /// Attention for one query position of the `q.len() / hd` query heads sharing one KV head,
-    /// over `n` cached positions (`k`, `v`: position `j` at `j * stride`, `hd` values each):
-    /// scaled scores into `scores` (`heads * n`), a softmax per head in candle's order, and the
-    /// weighted sum of values into `out` (`q.len()`). A typed error names a slice that is too
-    /// short; nothing is read out of bounds.
-    #[allow(clippy::too_many_arguments)]
+    /// Attention for one query position of the `q.len() / head_dim` query heads sharing one KV
+    /// head, over `kv.positions` cached positions: scaled scores into `scores` (`heads *
+    /// positions`), a softmax per head in candle's order, and the weighted sum of values into
+    /// `out` (`q.len()`). A typed error names a slice that is too short; nothing is read out of
+    /// bounds.
     pub fn attend(
         &self,
         q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        hd: usize,
-        stride: usize,
-        n: usize,
+        kv: &KvRows<'_>,
         scale: f32,
         scores: &mut [f32],
         out: &mut [f32],
     ) -> Result<()> {
+        let (hd, stride, n) = (kv.head_dim, kv.stride, kv.positions);
         if hd == 0 || !q.len().is_multiple_of(hd) || stride < hd {
             return Err(Error::config(
                 "attention",
@@ -436,10 +435,10 @@ impl Kernels {
             ));
         }
         let heads = q.len() / hd;
-        let kv = if n == 0 { 0 } else { (n - 1) * stride + hd };
+        let need = if n == 0 { 0 } else { (n - 1) * stride + hd };
         for (name, len, need) in [
-            ("attention keys", k.len(), kv),
-            ("attention values", v.len(), kv),
+            ("attention keys", kv.keys.len(), need),
+            ("attention values", kv.values.len(), need),
             ("attention scores", scores.len(), heads * n),
             ("attention output", out.len(), q.len()),
         ] {
@@ -451,7 +450,7 @@ impl Kernels {
             out[..q.len()].fill(0.0);
             return Ok(());
         }
-        (self.attend)(q, k, v, hd, stride, n, scale, scores, out);
+        (self.attend)(q, kv, scale, scores, out);
         Ok(())
     }
 

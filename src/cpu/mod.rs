@@ -16,7 +16,7 @@ mod split;
 mod x86;
 
 pub(crate) use kernels::RowElem;
-pub use kernels::{CpuTier, Kernels, CPU_TIER_ENV};
+pub use kernels::{CpuTier, Kernels, KvRows, CPU_TIER_ENV};
 
 /// Asks the CPU to start loading `s` into cache (a hint: never faults, no effect elsewhere).
 /// Small rows at a fixed stride (hidden 576: 360-byte Q4_1 rows 1332 bytes apart) are otherwise

@@ -227,27 +227,24 @@ pub(crate) unsafe fn axpy4<S: Simd, E: Elem>(y: &mut [f32], a: [f32; 4], w: [&[E
 }
 
 /// Attention for one query position: the `heads = q.len() / hd` query heads that share one KV
-/// head, against `n` cached positions (`k` and `v` hold position `j` at `j * stride`, `hd` values).
-/// `scores[i * n + j] = scale * q_i . k_j`, softmax over `j` per head (max, `exp(s - max)`, sum in
-/// position order, divide: candle's order), then `out[i * hd..] = sum_j w_ij v_j`. The caller
-/// checks the lengths (see `Kernels::attend`).
+/// head, against `n` cached positions (`kv.keys` and `kv.values` hold position `j` at
+/// `j * stride`, `hd` values). `scores[i * n + j] = scale * q_i . k_j`, softmax over `j` per head
+/// (max, `exp(s - max)`, sum in position order, divide: candle's order), then
+/// `out[i * hd..] = sum_j w_ij v_j`. The caller checks the lengths (see `Kernels::attend`).
 ///
 /// # Safety
-/// The CPU must have `S`'s features; `k`/`v` hold `(n - 1) * stride + hd` values, `scores`
-/// `heads * n`, `out` `q.len()`.
+/// The CPU must have `S`'s features; keys and values hold `(n - 1) * stride + hd` values,
+/// `scores` `heads * n`, `out` `q.len()`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn attend<S: Simd>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    hd: usize,
-    stride: usize,
-    n: usize,
+    kv: &super::KvRows<'_>,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
+    let (k, v) = (kv.keys, kv.values);
+    let (hd, stride, n) = (kv.head_dim, kv.stride, kv.positions);
     let heads = q.len() / hd;
     // SAFETY: forwarded contract; every slice below is in bounds by it.
     unsafe {

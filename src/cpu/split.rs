@@ -158,6 +158,17 @@ pub(crate) mod x86 {
 
     const KINDS: [QuantKind; 3] = [QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q8_0];
 
+    /// Split Q8_0 rows added into `y_len` accumulators: the blocks all of them cover, and where
+    /// each row's values start.
+    fn q8_rows<const N: usize>(rows: &[&[u8]; N], y_len: usize) -> (usize, [usize; N]) {
+        let q8 = QuantKind::Q8_0;
+        let nb = rows
+            .iter()
+            .map(|r| blocks_of(q8, r.len()))
+            .fold(y_len / QK, usize::min);
+        (nb, rows.map(|r| scales_bytes(q8, blocks_of(q8, r.len()))))
+    }
+
     const fn k_of(kind: QuantKind) -> usize {
         match kind {
             QuantKind::Q4_0 => 0,
@@ -345,15 +356,8 @@ pub(crate) mod x86 {
     /// The CPU must have AVX-512F, AVX-512BW and AVX-512VL.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(crate) unsafe fn axpy4_avx512(y: &mut [f32], a: [f32; 4], rows: [&[u8]; 4]) {
-        let q8 = QuantKind::Q8_0;
-        let nb_row = rows
-            .iter()
-            .map(|r| blocks_of(q8, r.len()))
-            .min()
-            .unwrap_or(0);
-        let nb = nb_row.min(y.len() / QK);
+        let (nb, sbs) = q8_rows(&rows, y.len());
         let ps = rows.map(|r| r.as_ptr());
-        let sbs = rows.map(|r| scales_bytes(q8, blocks_of(q8, r.len())));
         let yp = y.as_mut_ptr();
         // SAFETY: blocks `< nb` lie inside every row (values after its scale plane) and `y`.
         unsafe {
@@ -396,10 +400,8 @@ pub(crate) mod x86 {
     /// The CPU must have AVX-512F, AVX-512BW and AVX-512VL.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(crate) unsafe fn axpy_avx512(y: &mut [f32], a: f32, row: &[u8]) {
-        let q8 = QuantKind::Q8_0;
-        let nb_row = blocks_of(q8, row.len());
-        let nb = nb_row.min(y.len() / QK);
-        let (p, sb, yp) = (row.as_ptr(), scales_bytes(q8, nb_row), y.as_mut_ptr());
+        let (nb, [sb]) = q8_rows(&[row], y.len());
+        let (p, yp) = (row.as_ptr(), y.as_mut_ptr());
         // SAFETY: blocks `< nb` lie inside the row and `y`.
         unsafe {
             let mut c = 0;
@@ -489,14 +491,7 @@ pub(crate) mod x86 {
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn axpy4_avx2(y: &mut [f32], a: [f32; 4], rows: [&[u8]; 4]) {
-        let q8 = QuantKind::Q8_0;
-        let nb_row = rows
-            .iter()
-            .map(|r| blocks_of(q8, r.len()))
-            .min()
-            .unwrap_or(0);
-        let nb = nb_row.min(y.len() / QK);
-        let sbs = rows.map(|r| scales_bytes(q8, blocks_of(q8, r.len())));
+        let (nb, sbs) = q8_rows(&rows, y.len());
         let yp = y.as_mut_ptr();
         // SAFETY: blocks `< nb` lie inside every row and `y`.
         unsafe {
@@ -521,10 +516,8 @@ pub(crate) mod x86 {
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn axpy_avx2(y: &mut [f32], a: f32, row: &[u8]) {
-        let q8 = QuantKind::Q8_0;
-        let nb_row = blocks_of(q8, row.len());
-        let nb = nb_row.min(y.len() / QK);
-        let (sb, yp) = (scales_bytes(q8, nb_row), y.as_mut_ptr());
+        let (nb, [sb]) = q8_rows(&[row], y.len());
+        let yp = y.as_mut_ptr();
         // SAFETY: blocks `< nb` lie inside the row and `y`.
         unsafe {
             for b in 0..nb {

@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use powerinfer::{HybridFfn, Kernels, Pool, QLinear, QuantizedRow, RowRms};
+use powerinfer::{HybridFfn, Kernels, KvRows, Pool, QLinear, QuantizedRow, RowRms};
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
@@ -303,17 +303,14 @@ impl Decoder {
                         let n = pos + r + 1;
                         st.scores.resize(rep * n, 0.0);
                         let q = &qkv_rows[r * qkvw + g * rep * hd..][..rep * hd];
-                        let res = k.attend(
-                            q,
-                            &kc[g * hd..],
-                            &vc[g * hd..],
-                            hd,
-                            kvw,
-                            n,
-                            scale,
-                            &mut st.scores,
-                            out,
-                        );
+                        let kv = KvRows {
+                            keys: &kc[g * hd..],
+                            values: &vc[g * hd..],
+                            head_dim: hd,
+                            stride: kvw,
+                            positions: n,
+                        };
+                        let res = k.attend(q, &kv, scale, &mut st.scores, out);
                         if res.is_err() {
                             failed.store(true, std::sync::atomic::Ordering::Relaxed);
                         }

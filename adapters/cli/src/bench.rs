@@ -15,8 +15,10 @@ struct Row {
     mode: &'static str,
     prompt_tps: f64,
     decode_tps: f64,
-    /// Per-component decode times (our model only).
+    /// Per-component decode times over all runs (our model only).
     per_token: Option<Timings>,
+    /// Mean decode time per token over all runs, ms (our model only; what the components sum to).
+    measured_ms: Option<f64>,
     /// Bytes one decoded token reads (our model only).
     bytes: Option<f64>,
     /// Realized FFN sparsity (sparse modes).
@@ -81,6 +83,7 @@ fn measure_candle(
         prompt_tps: median(p),
         decode_tps: median(d),
         per_token: None,
+        measured_ms: None,
         bytes: None,
         sparsity: None,
     })
@@ -97,6 +100,7 @@ fn measure(
 ) -> Result<Row> {
     let (mut p, mut d) = (Vec::new(), Vec::new());
     let mut per_token = Timings::default();
+    let mut decode_time = std::time::Duration::ZERO;
     model.reserve_kv_cache(prompt.len() + decode);
     for _ in 0..runs {
         model.clear_kv_cache();
@@ -113,11 +117,17 @@ fn measure(
             next = argmax(logits);
             sampling += s.elapsed();
         }
-        d.push(decode as f64 / t.elapsed().as_secs_f64());
+        let elapsed = t.elapsed();
+        decode_time += elapsed;
+        d.push(decode as f64 / elapsed.as_secs_f64());
+        // Every run's components, to compare with every run's time (`measured`).
         if let Some(tm) = model.timings() {
-            per_token = tm.clone();
+            per_token.attention += tm.attention;
+            per_token.ffn += tm.ffn;
+            per_token.lm_head += tm.lm_head;
             // Choosing the next token is part of a decode step: counted with `other`.
-            per_token.other += sampling;
+            per_token.other += tm.other + sampling;
+            per_token.calls += tm.calls;
         }
     }
     let positions = prompt.len() + decode / 2;
@@ -125,6 +135,7 @@ fn measure(
         mode,
         prompt_tps: median(p),
         decode_tps: median(d),
+        measured_ms: Some(decode_time.as_secs_f64() * 1e3 / (runs * decode) as f64),
         per_token: Some(per_token),
         bytes: Some(model.decode_bytes().per_token(positions, 0.0)),
         sparsity: None,
@@ -306,12 +317,30 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         )?);
         fused = all.model.is_fused();
     }
-    if !want("sparse") {
-        peer_run(&mut lcpp)?;
-        return finish(rows, lcpp, peer && gguf, bw, threads, &prompt, a, fused);
+    if want("sparse") {
+        fused &= measure_sparse(&path, &settings, &prompt, a, &mut rows)?;
     }
-    let mut sp = load_sparse(&path, &settings)?;
-    fused &= sp.m.model.is_fused();
+    peer_run(&mut lcpp)?;
+    let info = RunInfo {
+        bw,
+        threads,
+        prompt_tokens: prompt.len(),
+        args: a,
+        fused,
+    };
+    print_table(rows, (peer && gguf).then_some(lcpp), &info)
+}
+
+/// The sparse rows (`sparse`, and with an artifact `trained`) with their realized sparsity;
+/// whether they ran on the fused decoder.
+fn measure_sparse(
+    path: &std::path::Path,
+    settings: &SparseSettings,
+    prompt: &[u32],
+    a: &BenchArgs,
+    rows: &mut Vec<Row>,
+) -> Result<bool> {
+    let mut sp = load_sparse(path, settings)?;
     // With an artifact: exact thresholding at its |h| thresholds, then its trained predictors.
     let mut modes = vec![("sparse", false)];
     if sp.artifact.is_some() {
@@ -322,61 +351,61 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         if trained {
             sp.use_trained(settings.predictor_sparsity)?;
         }
-        let mut row = measure(&mut sp.m.model, &prompt, a.decode_tokens, a.runs, mode)?;
+        let mut row = measure(&mut sp.m.model, prompt, a.decode_tokens, a.runs, mode)?;
         // Realized sparsity on the prompt, counted after the timed runs.
         sp.m.model.enable_ffn_stats();
         sp.m.model.clear_kv_cache();
-        sp.m.model.forward_logits(&prompt, 0)?;
+        sp.m.model.forward_logits(prompt, 0)?;
         let s = crate::common::mean_sparsity(&mut sp.m.model);
         row.sparsity = Some(s);
         let positions = prompt.len() + a.decode_tokens / 2;
         row.bytes = Some(sp.m.model.decode_bytes().per_token(positions, s));
         rows.push(row);
     }
-    drop(sp);
-    peer_run(&mut lcpp)?;
-    finish(rows, lcpp, peer && gguf, bw, threads, &prompt, a, fused)
+    Ok(sp.m.model.is_fused())
 }
 
-/// Adds the peer's row (llama.cpp's samples from both halves of the run) and prints.
-#[allow(clippy::too_many_arguments)]
-fn finish(
-    mut rows: Vec<Row>,
-    lcpp: (Vec<f64>, Vec<f64>),
-    peer: bool,
+/// What the table says about the run besides its rows.
+struct RunInfo<'a> {
+    /// Read bandwidth, GB/s.
     bw: f64,
     threads: usize,
-    prompt: &[u32],
-    a: &BenchArgs,
+    prompt_tokens: usize,
+    args: &'a BenchArgs,
+    /// Whether the sparse rows ran on the fused decoder.
     fused: bool,
+}
+
+/// Adds the peer's row (llama.cpp's samples from both halves of the run, if it ran) and prints.
+fn print_table(
+    mut rows: Vec<Row>,
+    lcpp: Option<(Vec<f64>, Vec<f64>)>,
+    info: &RunInfo,
 ) -> Result<()> {
-    if peer {
+    if let Some((p, d)) = lcpp {
         rows.insert(
             0,
             Row {
                 mode: "llama.cpp",
-                prompt_tps: median(lcpp.0),
-                decode_tps: median(lcpp.1),
+                prompt_tps: median(p),
+                decode_tps: median(d),
                 per_token: None,
+                measured_ms: None,
                 bytes: None,
                 sparsity: None,
             },
         );
     }
-    print_table(&rows, bw, threads, prompt, a, fused)
-}
-
-fn print_table(
-    rows: &[Row],
-    bw: f64,
-    threads: usize,
-    prompt: &[u32],
-    a: &BenchArgs,
-    fused: bool,
-) -> Result<()> {
+    let RunInfo {
+        bw,
+        threads,
+        prompt_tokens,
+        args: a,
+        fused,
+    } = *info;
     println!(
         "{threads} thread(s), prompt {} tokens, decode {} tokens, medians of {} runs; read bandwidth {bw:.1} GB/s",
-        prompt.len(),
+        prompt_tokens,
         a.decode_tokens,
         a.runs
     );
@@ -394,8 +423,8 @@ fn print_table(
         "MB/tok",
         "floor ms"
     );
-    for r in rows {
-        let measured = 1e3 / r.decode_tps;
+    for r in &rows {
+        let measured = r.measured_ms.unwrap_or(1e3 / r.decode_tps);
         let (cols, sum) = match &r.per_token {
             Some(t) => {
                 let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.calls.max(1) as f64;
@@ -425,7 +454,7 @@ fn print_table(
         println!(
             "{}",
             serde_json::json!({
-                "mode": r.mode, "threads": threads, "prompt_tokens": prompt.len(),
+                "mode": r.mode, "threads": threads, "prompt_tokens": prompt_tokens,
                 "decode_tokens": a.decode_tokens, "prompt_tps": r.prompt_tps,
                 "decode_tps": r.decode_tps, "measured_ms": measured, "sum_ms": sum,
                 "ms_per_token": t.map(|t| {
