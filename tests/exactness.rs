@@ -163,7 +163,9 @@ proptest! {
 /// FFN on the dequantized weights and on that same quantized input. Only summation order differs,
 /// and for Q4_1 the min term: it uses Q8_1's `s = d * sum(q)` rounded to f16 (twice, as ggml and
 /// candle store it), which a dequantized input cannot express: up to 2^-10 of that term per block,
-/// hence 2e-3 for Q4_1 (the bit-exact check against candle's own Q4_1 product is in `linear.rs`).
+/// and the min term can be larger than the gate or up value it is part of (the block's two terms
+/// cancel), so relative to the output it is 1e-2 for Q4_1. The Q4_1 kernels themselves are held to
+/// the magnitude of their terms in `kernels.rs` and bit for bit to candle's product in `linear.rs`.
 fn check_quant(c: &Case, dtype: WeightDType, gate_first: bool) -> Result<(), TestCaseError> {
     let spec = FfnSpec::new(c.hidden, c.inter, c.act, c.gated).unwrap();
     let w = Weights::random(&spec, c.seed);
@@ -201,7 +203,7 @@ fn check_quant(c: &Case, dtype: WeightDType, gate_first: bool) -> Result<(), Tes
     let r = masked_reference(&xd, &spec, ffn.bundles(), mask);
     let e = rel_err(&y, &r);
     let tol = if dtype == WeightDType::Q4_1 {
-        2e-3
+        1e-2
     } else {
         1e-4
     };

@@ -213,11 +213,25 @@ mod quantized {
         };
         dequantize_row(QuantKind::Q8_0, &xq8, &mut xd);
         let reference: f64 = wf.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+        // The size of the terms summed: products, and for Q4_1 also each block's min times its
+        // inputs (its f16-rounded `d * sum(q)` is where the kernels differ from this reference).
+        let mins: f64 = if kind == QuantKind::Q4_1 {
+            w.chunks(20)
+                .zip(xd.chunks(QK))
+                .map(|(b, x)| {
+                    let m = f16::from_le_bytes([b[2], b[3]]).to_f64().abs();
+                    m * x.iter().map(|v| v.abs() as f64).sum::<f64>()
+                })
+                .sum()
+        } else {
+            0.0
+        };
         let mag: f64 = wf
             .iter()
             .zip(&xd)
             .map(|(a, b)| (*a as f64 * *b as f64).abs())
             .sum::<f64>()
+            + mins
             + 1e-3;
         // The split layout holds the same values.
         let mut split = vec![0u8; w.len()];

@@ -132,8 +132,9 @@ proptest! {
         }
         let e = rel_err(&y, &r);
         // Q4_1's min term uses Q8_1's f16-rounded `d * sum(q)`, which a dequantized input cannot
-        // express (up to 2^-10 of that term per block).
-        let tol = if dtype == GgmlDType::Q4_1 { 2e-3 } else { 1e-4 };
+        // express (up to 2^-10 of that term per block, and the term can exceed the output it is
+        // part of); the block formula itself is checked bit for bit above.
+        let tol = if dtype == GgmlDType::Q4_1 { 1e-2 } else { 1e-4 };
         prop_assert!(e <= tol, "{dtype:?}: rel err {e}");
     }
 }
