@@ -1,5 +1,6 @@
 //! `Kernels::attend` (one query position, the query heads that share a KV head) against a naive
-//! f64 reference on every SIMD tier, plus the typed errors for short slices.
+//! f64 reference on every SIMD tier, against candle's own attention ops bit for bit, plus the
+//! typed errors for short slices.
 
 use powerinfer::{CpuTier, ErrorKind, Kernels, KvRows};
 use proptest::prelude::*;
@@ -130,5 +131,55 @@ fn attend_rejects_short_slices() {
     for (hd, stride) in [(5, 16), (16, 8), (0, 16)] {
         let e = bad(rows(kv, kv, hd, stride), &mut s, &mut o);
         assert!(matches!(e.kind(), ErrorKind::Config { .. }), "{e}");
+    }
+}
+
+/// One query row through candle's ops (matmul, scale, softmax, matmul) gives the kernel's bits:
+/// the kernel reproduces their summation orders (gemm's 8-lane f32 kernels on x86).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn attend_equals_candle_bit_for_bit() {
+    use candle_core::{Device, Tensor};
+    let k = Kernels::detect().unwrap();
+    for &hd in &[64usize, 48, 128, 20] {
+        for &n in &[1usize, 2, 3, 7, 31, 32, 33, 64, 100, 256, 257, 300] {
+            let heads = 3;
+            let dev = Device::Cpu;
+            let q = (Tensor::randn(0f32, 1.0, (1, heads, 1, hd), &dev).unwrap() * 2.0).unwrap();
+            let kt = (Tensor::randn(0f32, 1.0, (1, heads, n, hd), &dev).unwrap() * 2.0).unwrap();
+            let v = Tensor::randn(0f32, 1.0, (1, heads, n, hd), &dev).unwrap();
+            let att = (q.matmul(&kt.t().unwrap()).unwrap() / (hd as f64).sqrt()).unwrap();
+            let att = candle_nn::ops::softmax_last_dim(&att).unwrap();
+            let want: Vec<u32> = att
+                .matmul(&v)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            let (qv, kv, vv) = (
+                q.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                kt.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                v.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            );
+            let mut got = Vec::new();
+            for h in 0..heads {
+                let rows = KvRows {
+                    keys: &kv[h * n * hd..],
+                    values: &vv[h * n * hd..],
+                    head_dim: hd,
+                    stride: hd,
+                    positions: n,
+                };
+                let (mut s, mut o) = (vec![0f32; n], vec![0f32; hd]);
+                let scale = (1.0 / (hd as f64).sqrt()) as f32;
+                k.attend(&qv[h * hd..(h + 1) * hd], &rows, scale, &mut s, &mut o).unwrap();
+                got.extend(o.iter().map(|x| x.to_bits()));
+            }
+            assert_eq!(got, want, "head dim {hd}, {n} positions");
+        }
     }
 }

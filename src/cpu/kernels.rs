@@ -151,14 +151,11 @@ pub struct Kernels {
     dot_q: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
     axpy_q8_0: fn(&mut [f32], f32, &[u8]),
     pub(crate) gemm_q: GemmFn,
-    attend: AttendFn,
     dot_qs: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
     dot2_qs: fn(QuantKind, [&[u8]; 2], &QuantizedRow) -> [f32; 2],
     axpy_qs: fn(&mut [f32], f32, &[u8]),
     axpy4_qs: fn(&mut [f32], [f32; 4], [&[u8]; 4]),
 }
-
-type AttendFn = fn(&[f32], &KvRows<'_>, f32, &mut [f32], &mut [f32]);
 
 /// The cached keys and values of one KV head for [`Kernels::attend`]: position `j`'s key is
 /// `keys[j * stride..j * stride + head_dim]`, its value the same range of `values`.
@@ -208,12 +205,6 @@ macro_rules! table {
             // SAFETY: only reachable through a table built after detecting these features.
             unsafe { simd::axpy4::<$S, E>(y, a, w) }
         }
-        #[target_feature(enable = $feat)]
-        unsafe fn attend(q: &[f32], kv: &KvRows<'_>, scale: f32, s: &mut [f32], o: &mut [f32]) {
-            // SAFETY: only reachable through a table built after detecting these features;
-            // `Kernels::attend` checked the lengths.
-            unsafe { simd::attend::<$S>(q, kv, scale, s, o) }
-        }
         Kernels {
             tier: $tier,
             // SAFETY (all twelve): `Kernels::new` builds this table only when `is_supported()`.
@@ -232,8 +223,6 @@ macro_rules! table {
             dot_q: quant::dot_scalar,
             axpy_q8_0: quant::axpy_q8_0_scalar,
             gemm_q: packed::gemm_scalar,
-            // SAFETY: as above; lengths checked by `Kernels::attend`.
-            attend: |q, kv, sc, s, o| unsafe { attend(q, kv, sc, s, o) },
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
@@ -323,7 +312,6 @@ impl Kernels {
             axpy_q8_0: quant::axpy_q8_0_scalar,
             gemm_q: packed::gemm_scalar,
             // SAFETY: the scalar tier needs no CPU feature; lengths checked by `Kernels::attend`.
-            attend: |q, kv, sc, s, o| unsafe { simd::attend::<Scalar>(q, kv, sc, s, o) },
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
@@ -413,9 +401,10 @@ impl Kernels {
 
     /// Attention for one query position of the `q.len() / head_dim` query heads sharing one KV
     /// head, over `kv.positions` cached positions: scaled scores into `scores` (`heads *
-    /// positions`), a softmax per head in candle's order, and the weighted sum of values into
-    /// `out` (`q.len()`). A typed error names a slice that is too short; nothing is read out of
-    /// bounds.
+    /// positions`), a softmax per head, and the weighted sum of values into `out` (`q.len()`),
+    /// every sum in the order candle 0.10's CPU attention uses for one query row (so the bits are
+    /// candle's; the same on every tier). A typed error names a slice that is too short;
+    /// nothing is read out of bounds.
     pub fn attend(
         &self,
         q: &[f32],
@@ -450,7 +439,7 @@ impl Kernels {
             out[..q.len()].fill(0.0);
             return Ok(());
         }
-        (self.attend)(q, kv, scale, scores, out);
+        super::attention::attend(q, kv, scale, scores, out);
         Ok(())
     }
 

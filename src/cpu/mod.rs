@@ -3,6 +3,7 @@
 //! The only module (with its children) that contains `unsafe`: SIMD intrinsics behind run-time
 //! detection, and the pool's hand-off of borrowed jobs to worker threads.
 
+mod attention;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;

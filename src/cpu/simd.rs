@@ -226,64 +226,6 @@ pub(crate) unsafe fn axpy4<S: Simd, E: Elem>(y: &mut [f32], a: [f32; 4], w: [&[E
     }
 }
 
-/// Attention for one query position: the `heads = q.len() / hd` query heads that share one KV
-/// head, against `n` cached positions (`kv.keys` and `kv.values` hold position `j` at
-/// `j * stride`, `hd` values). `scores[i * n + j] = scale * q_i . k_j`, softmax over `j` per head
-/// (max, `exp(s - max)`, sum in position order, divide: candle's order), then
-/// `out[i * hd..] = sum_j w_ij v_j`. The caller checks the lengths (see `Kernels::attend`).
-///
-/// # Safety
-/// The CPU must have `S`'s features; keys and values hold `(n - 1) * stride + hd` values,
-/// `scores` `heads * n`, `out` `q.len()`.
-#[inline(always)]
-pub(crate) unsafe fn attend<S: Simd>(
-    q: &[f32],
-    kv: &super::KvRows<'_>,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let (k, v) = (kv.keys, kv.values);
-    let (hd, stride, n) = (kv.head_dim, kv.stride, kv.positions);
-    let heads = q.len() / hd;
-    // SAFETY: forwarded contract; every slice below is in bounds by it.
-    unsafe {
-        for j in 0..n {
-            let kj = k.get_unchecked(j * stride..j * stride + hd);
-            for i in 0..heads {
-                *scores.get_unchecked_mut(i * n + j) =
-                    dot::<S, f32>(kj, q.get_unchecked(i * hd..(i + 1) * hd)) * scale;
-            }
-        }
-    }
-    for i in 0..heads {
-        let s = &mut scores[i * n..(i + 1) * n];
-        let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let mut sum = 0f32;
-        for v in s.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
-        for v in s.iter_mut() {
-            *v /= sum;
-        }
-    }
-    out[..heads * hd].fill(0.0);
-    // SAFETY: forwarded contract.
-    unsafe {
-        for j in 0..n {
-            let vj = v.get_unchecked(j * stride..j * stride + hd);
-            for i in 0..heads {
-                axpy::<S, f32>(
-                    out.get_unchecked_mut(i * hd..(i + 1) * hd),
-                    *scores.get_unchecked(i * n + j),
-                    vj,
-                );
-            }
-        }
-    }
-}
-
 /// The portable tier: one lane, plain Rust. Runs everywhere.
 #[derive(Clone, Copy)]
 pub(crate) struct Scalar;

@@ -18,10 +18,11 @@
 //! Every parallel step (the products, attention, the FFN) runs on the same `powerinfer::Pool`,
 //! whose threads are the only ones working: candle's rayon pool is idle on this path. Norms,
 //! RoPE and the residual adds are a few thousand flops per token and run on the calling thread.
-//! The arithmetic follows candle's reference ops in their order where it is cheap to (RMSNorm's
-//! sequential sum, RoPE, `silu`, softmax with `exp`), and the Q4_1 products are bit-identical to
-//! candle's; what differs is summation order inside the attention dot products, the Q8_0 LM head and
-//! the float order of Q4_0/Q8_0 blocks.
+//! The arithmetic is the reference model's, in candle's order: RMSNorm's sequential sum, RoPE,
+//! `silu`, the attention sums (`Kernels::attend`), and Q4_1 products bit-identical to candle's
+//! quantized matmul. What differs: the float order of Q4_0/Q8_0 blocks (the Q8_0 LM head among
+//! them), and a prompt's rows, which are computed as single-row steps (candle's batched matmul
+//! orders its sums by batch size; ours gives a batch the bits of token-by-token decoding).
 
 use std::sync::Arc;
 

@@ -189,54 +189,33 @@ fn hybrid_native_q4_1_perplexity_matches_dense() {
 
 /// The fused decoder (every projection on our kernels, one pool, no candle op per token) with the
 /// dense FFN, against the candle reference on SmolLM2. Its Q4_1 products are bit-identical to
-/// candle's, its norms, RoPE, SiLU and softmax follow candle's order; its attention dot products
-/// and the Q8_0 LM head sum in another order. Prompt logits agree to 1e-3 (measured 1e-5).
-/// Greedy decoding then agrees until a rounding difference in attention moves one 8-bit input
-/// quantization step, which this model amplifies (candle's own logits for one position move by
-/// 0.45 between a 4-token and a 68-token batch); after that, the two part only where the
-/// reference's top two logits are close. Measured: 57 of 64 tokens identical, parting at a
-/// margin of 0.05. Asserted: at least 16 identical, and any parting at a margin under 0.5.
+/// candle's and its norms, RoPE, SiLU and attention follow candle's operations in candle's
+/// summation order, so every hidden state is candle's; only the Q8_0 LM head sums its blocks in
+/// another order (the logits differ by float rounding, ~1e-5). This model amplifies any rounding
+/// difference inside the layers (candle's own logits for one position move by 0.45 between a
+/// 4-token and a 68-token batch), so this test fails on the first one: 64 greedy tokens must be
+/// identical and every step's logits within 1e-3.
 #[test]
 fn fused_dense_matches_candle_reference() {
     let path = model_path();
     let (mut reference, _) = open(&path, &FfnMode::Dense).unwrap();
     let (mut fused, _) = open(&path, &FfnMode::Fused { threads: 2 }).unwrap();
     assert!(fused.is_fused());
-    let want: Vec<f32> = reference.forward(&PROMPT, 0).unwrap().to_vec1().unwrap();
-    let got = fused.forward_logits(&PROMPT, 0).unwrap().to_vec();
-    let diff = want
-        .iter()
-        .zip(&got)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(diff <= 1e-3, "prompt logits differ by {diff}");
-    let (mut a, mut b) = (want, got);
-    let mut same = 0;
+    let mut a: Vec<f32> = reference.forward(&PROMPT, 0).unwrap().to_vec1().unwrap();
+    let mut b = fused.forward_logits(&PROMPT, 0).unwrap().to_vec();
     for i in 0..64 {
+        let diff = a
+            .iter()
+            .zip(&b)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(diff <= 1e-3, "step {i}: logits differ by {diff}");
         let (ta, tb) = (argmax(&a), argmax(&b));
-        if ta != tb {
-            let mut s = a.clone();
-            s.sort_by(|x, y| y.total_cmp(x));
-            let margin = s[0] - s[1];
-            eprintln!("greedy: {same} of 64 identical, parting at a reference margin of {margin}");
-            assert!(
-                margin < 0.5,
-                "parted at token {i} where the reference's margin is {margin}"
-            );
-            break;
-        }
-        same += 1;
+        assert_eq!(ta, tb, "greedy token {i}");
         a = reference
             .forward(&[ta], PROMPT.len() + i)
             .unwrap()
             .to_vec1()
             .unwrap();
-        b = fused
-            .forward_logits(&[tb], PROMPT.len() + i)
-            .unwrap()
-            .to_vec();
-    }
-    assert!(same >= 16, "only {same} greedy tokens identical");
-    if same == 64 {
-        eprintln!("greedy: 64 of 64 identical");
+        b = fused.forward_logits(&[tb], PROMPT.len() + i).unwrap().to_vec();
     }
 }
