@@ -176,7 +176,8 @@ fn attend_equals_candle_bit_for_bit() {
                 };
                 let (mut s, mut o) = (vec![0f32; n], vec![0f32; hd]);
                 let scale = (1.0 / (hd as f64).sqrt()) as f32;
-                k.attend(&qv[h * hd..(h + 1) * hd], &rows, scale, &mut s, &mut o).unwrap();
+                k.attend(&qv[h * hd..(h + 1) * hd], &rows, scale, &mut s, &mut o)
+                    .unwrap();
                 got.extend(o.iter().map(|x| x.to_bits()));
             }
             assert_eq!(got, want, "head dim {hd}, {n} positions");

@@ -44,7 +44,12 @@ fn horizontal(a: &[f32], b: &[f32]) -> f32 {
             acc[l] = x.mul_add(*y, acc[l]);
         }
     }
-    let x = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    let x = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
     (x[0] + x[2]) + (x[1] + x[3])
 }
 

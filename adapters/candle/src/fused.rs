@@ -168,11 +168,6 @@ impl Decoder {
         self.len = 0;
     }
 
-    /// Threads of the pool every step runs on.
-    pub(crate) fn threads(&self) -> usize {
-        self.pool.threads()
-    }
-
     /// Makes room for `positions` positions in every layer's cache (no allocation afterwards
     /// until a sequence grows past it).
     pub(crate) fn reserve(&mut self, cfg: &LlamaConfig, positions: usize) {

@@ -331,11 +331,6 @@ impl Llama {
         self.decoder.is_some()
     }
 
-    /// Threads of the fused decoder's pool (`None` on the candle path).
-    pub fn fused_threads(&self) -> Option<usize> {
-        self.decoder.as_ref().map(Decoder::threads)
-    }
-
     /// Preallocates the fused decoder's KV cache for `positions` positions (it otherwise grows
     /// geometrically as a sequence does). No effect on the candle path.
     pub fn reserve_kv_cache(&mut self, positions: usize) {
@@ -354,7 +349,7 @@ impl Llama {
             return Ok(&self.logits_copy);
         }
         let mut clock = Clock::new(self.timings.is_some());
-        self.check_tokens_impl(tokens, pos)?;
+        self.check_tokens(tokens, pos)?;
         let Llama {
             config,
             layers,
@@ -413,7 +408,7 @@ impl Llama {
     fn forward_impl(&mut self, tokens: &[u32], pos: usize, last_only: bool) -> Result<Tensor> {
         let mut clock = Clock::new(self.timings.is_some());
         if self.decoder.is_some() {
-            self.check_tokens_impl(tokens, pos)?;
+            self.check_tokens(tokens, pos)?;
         }
         if let Some(d) = &mut self.decoder {
             let logits = d.forward(
@@ -460,7 +455,7 @@ impl Llama {
     }
 
     /// Tokens to run at `pos`: at least one, inside the context and the vocabulary.
-    fn check_tokens_impl(&self, tokens: &[u32], pos: usize) -> Result<()> {
+    fn check_tokens(&self, tokens: &[u32], pos: usize) -> Result<()> {
         let seq = tokens.len();
         if seq == 0 {
             return Err(ErrorKind::Prompt {
@@ -507,7 +502,7 @@ impl Llama {
         mut probe: Option<&mut dyn FfnProbe>,
         clock: &mut Clock,
     ) -> Result<Tensor> {
-        self.check_tokens_impl(tokens, pos)?;
+        self.check_tokens(tokens, pos)?;
         let seq = tokens.len();
         let dev = Device::Cpu;
         let ids = Tensor::new(tokens, &dev)?.unsqueeze(0)?;

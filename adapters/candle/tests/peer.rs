@@ -216,6 +216,9 @@ fn fused_dense_matches_candle_reference() {
             .unwrap()
             .to_vec1()
             .unwrap();
-        b = fused.forward_logits(&[tb], PROMPT.len() + i).unwrap().to_vec();
+        b = fused
+            .forward_logits(&[tb], PROMPT.len() + i)
+            .unwrap()
+            .to_vec();
     }
 }

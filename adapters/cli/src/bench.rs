@@ -25,6 +25,21 @@ struct Row {
     sparsity: Option<f64>,
 }
 
+impl Row {
+    /// A peer engine's row: medians of its prompt and decode samples, nothing else known.
+    fn peer(mode: &'static str, prompt: Vec<f64>, decode: Vec<f64>) -> Row {
+        Row {
+            mode,
+            prompt_tps: median(prompt),
+            decode_tps: median(decode),
+            per_token: None,
+            measured_ms: None,
+            bytes: None,
+            sparsity: None,
+        }
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
@@ -78,19 +93,12 @@ fn measure_candle(
         }
         d.push(decode as f64 / t.elapsed().as_secs_f64());
     }
-    Ok(Row {
-        mode: "candle",
-        prompt_tps: median(p),
-        decode_tps: median(d),
-        per_token: None,
-        measured_ms: None,
-        bytes: None,
-        sparsity: None,
-    })
+    Ok(Row::peer("candle", p, d))
 }
 
-/// Prompt and decode tok/s of our model (medians over `runs`), with the last run's per-component
-/// decode times. Decode goes through [`Llama::forward_logits`], as a serving loop would.
+/// Prompt and decode tok/s of our model (medians over `runs`), with per-component decode times
+/// and the mean decode time, both over all runs. Decode goes through [`Llama::forward_logits`],
+/// as a serving loop would.
 fn measure(
     model: &mut Llama,
     prompt: &[u32],
@@ -383,18 +391,7 @@ fn print_table(
     info: &RunInfo,
 ) -> Result<()> {
     if let Some((p, d)) = lcpp {
-        rows.insert(
-            0,
-            Row {
-                mode: "llama.cpp",
-                prompt_tps: median(p),
-                decode_tps: median(d),
-                per_token: None,
-                measured_ms: None,
-                bytes: None,
-                sparsity: None,
-            },
-        );
+        rows.insert(0, Row::peer("llama.cpp", p, d));
     }
     let RunInfo {
         bw,
