@@ -84,7 +84,7 @@ fn quantized(c: &mut Criterion) {
                 }
             }
             let mut split = vec![0u8; w.len()];
-            powerinfer::split_row(kind, &w, &mut split);
+            powerinfer::split_row(kind, &w, &mut split).unwrap();
             g.throughput(Throughput::Bytes(w.len() as u64));
             for tier in CpuTier::supported() {
                 let k = Kernels::new(tier).unwrap();

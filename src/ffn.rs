@@ -280,7 +280,7 @@ impl NeuronBundles {
                 let down = finite_f32(&down_t, "down_proj.weight")?;
                 BundleData::Quant {
                     kind,
-                    bytes: interleave_quant(&spec, kind, &rows, &down),
+                    bytes: interleave_quant(&spec, kind, &rows, &down)?,
                 }
             }
         };
@@ -363,7 +363,7 @@ impl NeuronBundles {
             spec,
             data: BundleData::Quant {
                 kind,
-                bytes: interleave_quant(&spec, kind, &rows, &down),
+                bytes: interleave_quant(&spec, kind, &rows, &down)?,
             },
             gate_bias: None,
             up_bias: None,
@@ -470,7 +470,12 @@ fn check_quant_finite(kind: QuantKind, bytes: &[u8], h: usize, name: &str) -> Re
 /// Neuron-major quantized bundles: for neuron `i`, its row of each matrix in `rows` (raw blocks,
 /// `[intermediate, hidden]` each) then its down row (`down_t`, f32 `[intermediate, hidden]`)
 /// re-quantized to Q8_0, every row in the split layout (`crate::split_row`: scales, then values).
-fn interleave_quant(spec: &FfnSpec, kind: QuantKind, rows: &[Vec<u8>], down_t: &[f32]) -> Vec<u8> {
+fn interleave_quant(
+    spec: &FfnSpec,
+    kind: QuantKind,
+    rows: &[Vec<u8>],
+    down_t: &[f32],
+) -> Result<Vec<u8>> {
     let h = spec.hidden;
     let (rg, rd) = (kind.row_bytes(h), QuantKind::Q8_0.row_bytes(h));
     let stride = rows.len() * rg + rd;
@@ -478,12 +483,12 @@ fn interleave_quant(spec: &FfnSpec, kind: QuantKind, rows: &[Vec<u8>], down_t: &
     let mut down = vec![0u8; rd];
     for (i, b) in out.chunks_exact_mut(stride).enumerate() {
         for (k, m) in rows.iter().enumerate() {
-            split_row(kind, &m[i * rg..(i + 1) * rg], &mut b[k * rg..(k + 1) * rg]);
+            split_row(kind, &m[i * rg..(i + 1) * rg], &mut b[k * rg..(k + 1) * rg])?;
         }
         quantize_row_q8_0(&down_t[i * h..(i + 1) * h], &mut down);
-        split_row(QuantKind::Q8_0, &down, &mut b[rows.len() * rg..]);
+        split_row(QuantKind::Q8_0, &down, &mut b[rows.len() * rg..])?;
     }
-    out
+    Ok(out)
 }
 
 /// Reads the sources (each `[intermediate, hidden]`, in bundle order) into one neuron-major vector.

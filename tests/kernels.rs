@@ -235,7 +235,7 @@ mod quantized {
             + 1e-3;
         // The split layout holds the same values.
         let mut split = vec![0u8; w.len()];
-        split_row(kind, &w, &mut split);
+        split_row(kind, &w, &mut split).unwrap();
         let mut sf = vec![0f32; nb * QK];
         dequantize_split_row(kind, &split, &mut sf);
         prop_assert_eq!(&sf, &wf);
@@ -289,7 +289,7 @@ mod quantized {
                 }
             }
             let mut split = vec![0u8; w.len()];
-            split_row(QuantKind::Q8_0, &w, &mut split);
+            split_row(QuantKind::Q8_0, &w, &mut split).unwrap();
             for tier in CpuTier::supported() {
                 let k = Kernels::new(tier).unwrap();
                 let y0: Vec<f32> = (0..nb * QK).map(|i| i as f32 * 0.01).collect();
@@ -305,6 +305,16 @@ mod quantized {
             }
         }
 
+        /// A row that is not whole blocks, or an output of another length: typed errors.
+        #[test]
+        fn split_row_rejects_bad_lengths(nb in 1usize..4, cut in 1usize..20) {
+            let w = vec![0u8; nb * 20];
+            let mut out = vec![0u8; nb * 20];
+            prop_assert!(split_row(QuantKind::Q4_1, &w, &mut out).is_ok());
+            prop_assert!(split_row(QuantKind::Q4_1, &w[..nb * 20 - cut], &mut out[..nb * 20 - cut]).is_err());
+            prop_assert!(split_row(QuantKind::Q4_1, &w, &mut out[..nb * 20 - cut]).is_err());
+        }
+
         /// Four split Q8_0 rows into one accumulator, against four single-row references.
         #[test]
         fn axpy4_q8_0_split_matches_dequantized(
@@ -318,7 +328,7 @@ mod quantized {
                     let mut w = vec![0u8; nb * 34];
                     quantize_row_q8_0(&xs[k * n..(k + 1) * n], &mut w);
                     let mut sp = vec![0u8; w.len()];
-                    split_row(QuantKind::Q8_0, &w, &mut sp);
+                    split_row(QuantKind::Q8_0, &w, &mut sp).unwrap();
                     sp
                 })
                 .collect();

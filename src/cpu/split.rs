@@ -15,6 +15,7 @@
 use half::f16;
 
 use super::quant::{QuantKind, QuantizedRow, QK};
+use crate::error::{Error, Result};
 
 /// Bytes of the scale planes of a split row of `nb` blocks (where the values start).
 pub(crate) const fn scales_bytes(kind: QuantKind, nb: usize) -> usize {
@@ -38,11 +39,18 @@ pub(crate) fn blocks_of(kind: QuantKind, len: usize) -> usize {
 }
 
 /// Rewrites one GGUF row (`nb` blocks of `kind`) into the split layout (`out`, the same length).
-/// Lengths that differ or are not whole blocks leave `out` untouched.
-pub fn split_row(kind: QuantKind, gguf: &[u8], out: &mut [u8]) {
+/// A row that is not whole blocks, or an `out` of another length, is a typed error naming it.
+pub fn split_row(kind: QuantKind, gguf: &[u8], out: &mut [u8]) -> Result<()> {
     let bb = kind.block_bytes();
-    if gguf.len() != out.len() || !gguf.len().is_multiple_of(bb) {
-        return;
+    if !gguf.len().is_multiple_of(bb) {
+        return Err(Error::shape(
+            "quantized row (whole blocks)",
+            &[Some(gguf.len() / bb * bb)],
+            &[gguf.len()],
+        ));
+    }
+    if out.len() != gguf.len() {
+        return Err(Error::shape("split row", &[Some(gguf.len())], &[out.len()]));
     }
     let nb = gguf.len() / bb;
     let (sb, vb) = (scales_bytes(kind, nb), value_bytes(kind));
@@ -56,6 +64,7 @@ pub fn split_row(kind: QuantKind, gguf: &[u8], out: &mut [u8]) {
         };
         out[sb + vb * b..sb + vb * (b + 1)].copy_from_slice(vals);
     }
+    Ok(())
 }
 
 fn h16(b: &[u8], at: usize) -> f32 {

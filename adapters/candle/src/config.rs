@@ -40,7 +40,34 @@ pub struct LlamaConfig {
 impl LlamaConfig {
     /// Dimension of one attention head.
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads
+        self.hidden / self.heads.max(1)
+    }
+
+    /// Refuses head counts the model cannot run: no heads, a hidden size the heads do not divide
+    /// into even halves (RoPE), or query heads that do not share KV heads evenly.
+    fn checked(self) -> Result<Self> {
+        let bad = |reason: String| -> Result<Self> {
+            Err(powerinfer::Error::config("model config", reason).into())
+        };
+        if self.heads == 0 || self.kv_heads == 0 || self.layers == 0 || self.vocab == 0 {
+            return bad(format!(
+                "{} heads, {} KV heads, {} layers, vocabulary {}: all must be at least 1",
+                self.heads, self.kv_heads, self.layers, self.vocab
+            ));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return bad(format!(
+                "{} query heads do not share {} KV heads evenly",
+                self.heads, self.kv_heads
+            ));
+        }
+        if !self.hidden.is_multiple_of(self.heads) || !self.head_dim().is_multiple_of(2) {
+            return bad(format!(
+                "hidden size {} is not {} heads of an even size",
+                self.hidden, self.heads
+            ));
+        }
+        Ok(self)
     }
 
     /// Reads the `llama` (or `mistral`, `qwen2`) keys of a GGUF file.
@@ -78,7 +105,7 @@ impl LlamaConfig {
                 .ok_or_else(|| Error::missing_key("tokenizer.ggml.tokens"))?,
         };
         let heads = u("attention.head_count")?;
-        Ok(LlamaConfig {
+        LlamaConfig {
             hidden: u("embedding_length")?,
             intermediate: u("feed_forward_length")?,
             layers: u("block_count")?,
@@ -91,7 +118,8 @@ impl LlamaConfig {
             activation: Activation::Silu,
             rope_interleaved: true,
             attention_bias: arch == "qwen2",
-        })
+        }
+        .checked()
     }
 
     /// Reads an HF `config.json` (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`).
@@ -127,7 +155,7 @@ impl LlamaConfig {
             .and_then(|a| a.as_str())
             .unwrap_or("silu");
         let qwen = v.get("model_type").and_then(|m| m.as_str()) == Some("qwen2");
-        Ok(LlamaConfig {
+        LlamaConfig {
             hidden: u("hidden_size")?,
             intermediate: u("intermediate_size")?,
             layers: u("num_hidden_layers")?,
@@ -146,7 +174,8 @@ impl LlamaConfig {
             activation: activation_from_name(act)?,
             rope_interleaved: false,
             attention_bias: qwen || v.get("attention_bias").and_then(|b| b.as_bool()) == Some(true),
-        })
+        }
+        .checked()
     }
 }
 

@@ -244,7 +244,13 @@ impl Decoder {
             let row = &mut s.x[r * hidden..(r + 1) * hidden];
             match &self.embed {
                 Embed::Packed(e) => e.dequantize_row(t as usize, row)?,
-                Embed::F32(e) => row.copy_from_slice(&e[t as usize * hidden..][..hidden]),
+                Embed::F32(e) => {
+                    let at = t as usize * hidden;
+                    let src = e.get(at..at + hidden).ok_or_else(|| {
+                        fused_error("a token id is past the embedding table's rows")
+                    })?;
+                    row.copy_from_slice(src);
+                }
             }
         }
         clock.lap(Lap::Other);

@@ -5,7 +5,7 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use common::{temp_dir, write_gguf_llama, GgufSpec};
+use common::{temp_dir, write_gguf_llama, write_gguf_llama_with_heads, GgufSpec};
 use powerinfer::HybridOptions;
 use powerinfer_candle::{load_gguf, ErrorKind, FfnMode, GgufFile, Llama, PredictorChoice};
 
@@ -207,4 +207,21 @@ fn fused_needs_integer_blocks() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("threads"), "{e}");
+}
+
+/// Head counts a model cannot run are a typed error when the file is opened, not a panic or a
+/// silently wrong attention: query heads that do not share KV heads evenly, a hidden size the heads
+/// do not divide, an odd head size (RoPE rotates pairs), no heads.
+#[test]
+fn uneven_heads_are_refused() {
+    let dir = temp_dir("fused-heads");
+    let s = spec(GgmlDType::Q8_0, 4, 2, true, 9);
+    for (heads, kv) in [(4, 3), (5, 5), (64, 64), (0, 0)] {
+        let path = dir.join(format!("m-{heads}-{kv}.gguf"));
+        write_gguf_llama_with_heads(&path, &s, heads, kv);
+        for mode in [FfnMode::Fused { threads: 1 }, FfnMode::Dense] {
+            let e = load_gguf(&mut GgufFile::open(&path).unwrap(), &mode).unwrap_err();
+            assert!(e.to_string().contains("heads"), "{heads}/{kv}: {e}");
+        }
+    }
 }

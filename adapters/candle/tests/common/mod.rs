@@ -109,6 +109,12 @@ pub struct GgufSpec {
 
 /// Writes a random llama-architecture GGUF file (no tokenizer) with `s`'s shapes and block type.
 pub fn write_gguf_llama(path: &Path, s: &GgufSpec) {
+    write_gguf_llama_with_heads(path, s, s.heads, s.kv_heads)
+}
+
+/// Like [`write_gguf_llama`], with the metadata stating `heads` and `kv_heads` whatever the
+/// tensors hold (for hostile files).
+pub fn write_gguf_llama_with_heads(path: &Path, s: &GgufSpec, heads: usize, kv_heads: usize) {
     use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
     use gguf_file::Value;
     use rand::{Rng, SeedableRng};
@@ -163,11 +169,8 @@ pub fn write_gguf_llama(path: &Path, s: &GgufSpec) {
         ("llama.block_count", Value::U32(s.layers as u32)),
         ("llama.embedding_length", Value::U32(s.hidden as u32)),
         ("llama.feed_forward_length", Value::U32(s.inter as u32)),
-        ("llama.attention.head_count", Value::U32(s.heads as u32)),
-        (
-            "llama.attention.head_count_kv",
-            Value::U32(s.kv_heads as u32),
-        ),
+        ("llama.attention.head_count", Value::U32(heads as u32)),
+        ("llama.attention.head_count_kv", Value::U32(kv_heads as u32)),
         ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
         ("llama.context_length", Value::U32(512)),
         ("llama.rope.freq_base", Value::F32(10_000.0)),
