@@ -368,12 +368,7 @@ impl HybridFfn {
             || matches!(self.prefill, PrefillPolicy::DenseFrom(n) if rows >= n);
         s.set.reset(rows, spec.intermediate);
         if self.bundles.dtype().quant().is_some() {
-            if s.xq.len() < rows {
-                s.xq.resize_with(rows, Default::default);
-            }
-            for (q, xr) in s.xq.iter_mut().zip(x.chunks_exact(spec.hidden)) {
-                q.quantize(xr);
-            }
+            crate::cpu::QuantizedRow::quantize_rows(&mut s.xq, x, spec.hidden);
         }
         let input = PredictInput {
             x,

@@ -50,8 +50,8 @@ pub use artifact::{
     LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
 };
 pub use cpu::{
-    dequantize_row, dequantize_split_row, quantize_row_q8_0, share, split_row, CpuTier, Kernels,
-    KvRows, PackedRows, Pool, QuantKind, QuantizedRow, CPU_TIER_ENV, PACK, QK, SPIN_ENV,
+    attend, dequantize_row, dequantize_split_row, quantize_row_q8_0, share, split_row, CpuTier,
+    Kernels, KvRows, PackedRows, Pool, QuantKind, QuantizedRow, CPU_TIER_ENV, PACK, QK, SPIN_ENV,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};

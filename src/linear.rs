@@ -159,13 +159,8 @@ impl QLinear {
         }
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (xq, tmp) = &mut *guard;
-        if xq.len() < rows {
-            xq.resize_with(rows, Default::default);
-        }
-        for (q, xr) in xq.iter_mut().zip(x.chunks_exact(inp)) {
-            q.quantize(xr);
-        }
-        self.forward_quantized(&xq[..rows], y, tmp)
+        let xq = QuantizedRow::quantize_rows(xq, x, inp);
+        self.forward_quantized(xq, y, tmp)
     }
 
     /// `y = W x + b` for inputs already quantized with [`QuantizedRow::quantize`] (`in` values

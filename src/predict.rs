@@ -249,7 +249,8 @@ impl Predictor for Oracle {
 ///   up and down rows of inactive neurons.
 /// - SiLU / GELU: computes gate and up for all neurons and keeps those whose contribution
 ///   `|h_i| = |act(gate_i x) * up_i x|` exceeds `threshold`. Saves only the down rows; thresholding
-///   `h`, not the gate, is what keeps quality (see DESIGN.md).
+///   `h`, not the gate, is what keeps quality (on SmolLM2 at 40% sparsity: +1.3% perplexity
+///   against +15% for thresholding the gate alone).
 ///
 /// Values computed here are handed to the FFN, never recomputed.
 #[derive(Debug, Clone, Copy)]

@@ -1,8 +1,8 @@
-//! `Kernels::attend` (one query position, the query heads that share a KV head) against a naive
-//! f64 reference on every SIMD tier, against candle's own attention ops bit for bit, plus the
-//! typed errors for short slices.
+//! `powerinfer::attend` (one query position, the query heads that share a KV head) against a
+//! naive f64 reference, against candle's own attention ops bit for bit, plus the typed errors for
+//! short slices. It is plain Rust, the same code on every SIMD tier.
 
-use powerinfer::{CpuTier, ErrorKind, Kernels, KvRows};
+use powerinfer::{attend, ErrorKind, KvRows};
 use proptest::prelude::*;
 
 /// Softmax-weighted values, in f64.
@@ -53,8 +53,7 @@ fn check(heads: usize, hd: usize, extra: usize, n: usize, seed: u64) -> Result<(
     let v: Vec<f32> = (0..kv).map(|_| rnd()).collect();
     let scale = 1.0 / (hd as f32).sqrt();
     let want = naive(&q, &k, &v, hd, stride, n, scale);
-    for tier in CpuTier::supported() {
-        let kern = Kernels::new(tier).unwrap();
+    {
         let mut scores = vec![0f32; heads * n];
         let mut out = vec![f32::NAN; heads * hd];
         let kv = KvRows {
@@ -64,20 +63,17 @@ fn check(heads: usize, hd: usize, extra: usize, n: usize, seed: u64) -> Result<(
             stride,
             positions: n,
         };
-        kern.attend(&q, &kv, scale, &mut scores, &mut out).unwrap();
+        attend(&q, &kv, scale, &mut scores, &mut out).unwrap();
         for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
             // Weights sum to 1 and values lie in [-2, 2]: absolute 1e-5 is a relative bound.
             prop_assert!(
                 (g as f64 - w).abs() <= 1e-5,
-                "{tier} heads {heads} hd {hd} n {n} [{i}]: {g} vs {w}"
+                "heads {heads} hd {hd} n {n} [{i}]: {g} vs {w}"
             );
         }
         for h in 0..heads {
             let sum: f32 = scores[h * n..(h + 1) * n].iter().sum();
-            prop_assert!(
-                n == 0 || (sum - 1.0).abs() < 1e-5,
-                "{tier}: weights sum to {sum}"
-            );
+            prop_assert!(n == 0 || (sum - 1.0).abs() < 1e-5, "weights sum to {sum}");
         }
     }
     Ok(())
@@ -105,7 +101,6 @@ fn attend_edge_shapes() {
 
 #[test]
 fn attend_rejects_short_slices() {
-    let k = Kernels::detect().unwrap();
     let q = vec![0.5f32; 16];
     let kv = vec![0.1f32; 4 * 16];
     let mut s = vec![0f32; 4];
@@ -118,11 +113,9 @@ fn attend_rejects_short_slices() {
         positions: 4,
     };
     let kv: &'static [f32] = Box::leak(kv.into_boxed_slice());
-    k.attend(&q, &rows(kv, kv, 16, 16), 0.25, &mut s, &mut o)
-        .unwrap();
+    attend(&q, &rows(kv, kv, 16, 16), 0.25, &mut s, &mut o).unwrap();
     let shape = |e: powerinfer::Error| matches!(e.kind(), ErrorKind::Shape { .. });
-    let bad =
-        |r: KvRows<'_>, s: &mut [f32], o: &mut [f32]| k.attend(&q, &r, 0.25, s, o).unwrap_err();
+    let bad = |r: KvRows<'_>, s: &mut [f32], o: &mut [f32]| attend(&q, &r, 0.25, s, o).unwrap_err();
     assert!(shape(bad(rows(&kv[..63], kv, 16, 16), &mut s, &mut o)));
     assert!(shape(bad(rows(kv, &kv[..10], 16, 16), &mut s, &mut o)));
     assert!(shape(bad(rows(kv, kv, 16, 16), &mut s[..3], &mut o)));
@@ -140,7 +133,6 @@ fn attend_rejects_short_slices() {
 #[test]
 fn attend_equals_candle_bit_for_bit() {
     use candle_core::{Device, Tensor};
-    let k = Kernels::detect().unwrap();
     for &hd in &[64usize, 48, 128, 20] {
         for &n in &[1usize, 2, 3, 7, 31, 32, 33, 64, 100, 256, 257, 300] {
             let heads = 3;
@@ -176,8 +168,7 @@ fn attend_equals_candle_bit_for_bit() {
                 };
                 let (mut s, mut o) = (vec![0f32; n], vec![0f32; hd]);
                 let scale = (1.0 / (hd as f64).sqrt()) as f32;
-                k.attend(&qv[h * hd..(h + 1) * hd], &rows, scale, &mut s, &mut o)
-                    .unwrap();
+                attend(&qv[h * hd..(h + 1) * hd], &rows, scale, &mut s, &mut o).unwrap();
                 got.extend(o.iter().map(|x| x.to_bits()));
             }
             assert_eq!(got, want, "head dim {hd}, {n} positions");

@@ -19,7 +19,23 @@
 //! token-by-token decoding gives. Plain Rust: the orders are fixed by the code, not by the SIMD
 //! tier, and the compiler vectorizes the 8-lane loops.
 
-use super::kernels::KvRows;
+use crate::error::{Error, Result};
+
+/// The cached keys and values of one KV head for [`attend`]: position `j`'s key is
+/// `keys[j * stride..j * stride + head_dim]`, its value the same range of `values`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvRows<'a> {
+    /// Keys, position-major.
+    pub keys: &'a [f32],
+    /// Values, position-major.
+    pub values: &'a [f32],
+    /// Values per head.
+    pub head_dim: usize,
+    /// Distance between consecutive positions (at least `head_dim`).
+    pub stride: usize,
+    /// Positions to attend to.
+    pub positions: usize,
+}
 
 /// Lanes of the kernels whose order is reproduced.
 const L: usize = 8;
@@ -124,8 +140,51 @@ fn fill_scores(
     }
 }
 
-/// See the module docs. `Kernels::attend` has checked every length.
-pub(crate) fn attend(q: &[f32], kv: &KvRows<'_>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+/// Attention for one query position of the `q.len() / head_dim` query heads sharing one KV head,
+/// over `kv.positions` cached positions: scaled scores into `scores` (`heads * positions`), a
+/// softmax per head, and the weighted sum of values into `out` (`q.len()`), every sum in the
+/// order candle 0.10's CPU attention uses for one query row (see the module docs), so the bits
+/// are candle's on every CPU tier. A typed error names a slice that is too short; nothing is read
+/// out of bounds.
+pub fn attend(
+    q: &[f32],
+    kv: &KvRows<'_>,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let (hd, stride, n) = (kv.head_dim, kv.stride, kv.positions);
+    if hd == 0 || !q.len().is_multiple_of(hd) || stride < hd {
+        return Err(Error::config(
+            "attention",
+            format!(
+                "query of {} values, head size {hd}, stride {stride}",
+                q.len()
+            ),
+        ));
+    }
+    let heads = q.len() / hd;
+    let need = if n == 0 { 0 } else { (n - 1) * stride + hd };
+    for (name, len, need) in [
+        ("attention keys", kv.keys.len(), need),
+        ("attention values", kv.values.len(), need),
+        ("attention scores", scores.len(), heads * n),
+        ("attention output", out.len(), q.len()),
+    ] {
+        if len < need {
+            return Err(Error::shape(name, &[Some(need)], &[len]));
+        }
+    }
+    if n == 0 {
+        out[..q.len()].fill(0.0);
+        return Ok(());
+    }
+    attend_checked(q, kv, scale, scores, out);
+    Ok(())
+}
+
+/// [`attend`] once the lengths are checked.
+fn attend_checked(q: &[f32], kv: &KvRows<'_>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
     let (hd, stride, n) = (kv.head_dim, kv.stride, kv.positions);
     let heads = q.len() / hd;
     if n <= 256 {

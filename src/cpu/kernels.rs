@@ -157,22 +157,6 @@ pub struct Kernels {
     axpy4_qs: fn(&mut [f32], [f32; 4], [&[u8]; 4]),
 }
 
-/// The cached keys and values of one KV head for [`Kernels::attend`]: position `j`'s key is
-/// `keys[j * stride..j * stride + head_dim]`, its value the same range of `values`.
-#[derive(Debug, Clone, Copy)]
-pub struct KvRows<'a> {
-    /// Keys, position-major.
-    pub keys: &'a [f32],
-    /// Values, position-major.
-    pub values: &'a [f32],
-    /// Values per head.
-    pub head_dim: usize,
-    /// Distance between consecutive positions (at least `head_dim`).
-    pub stride: usize,
-    /// Positions to attend to.
-    pub positions: usize,
-}
-
 /// The packed-matrix product (see `packed::gemm` for the contract the kernels rely on).
 pub(crate) type GemmFn = fn(&PackedRows, Range<usize>, &[QuantizedRow], &mut [f32]);
 
@@ -311,7 +295,6 @@ impl Kernels {
             dot_q: quant::dot_scalar,
             axpy_q8_0: quant::axpy_q8_0_scalar,
             gemm_q: packed::gemm_scalar,
-            // SAFETY: the scalar tier needs no CPU feature; lengths checked by `Kernels::attend`.
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
@@ -397,50 +380,6 @@ impl Kernels {
     /// `y += a * w` for a Q8_0 row.
     pub fn axpy_q8_0(&self, y: &mut [f32], a: f32, w: &[u8]) {
         (self.axpy_q8_0)(y, a, w)
-    }
-
-    /// Attention for one query position of the `q.len() / head_dim` query heads sharing one KV
-    /// head, over `kv.positions` cached positions: scaled scores into `scores` (`heads *
-    /// positions`), a softmax per head, and the weighted sum of values into `out` (`q.len()`),
-    /// every sum in the order candle 0.10's CPU attention uses for one query row (so the bits are
-    /// candle's; the same on every tier). A typed error names a slice that is too short;
-    /// nothing is read out of bounds.
-    pub fn attend(
-        &self,
-        q: &[f32],
-        kv: &KvRows<'_>,
-        scale: f32,
-        scores: &mut [f32],
-        out: &mut [f32],
-    ) -> Result<()> {
-        let (hd, stride, n) = (kv.head_dim, kv.stride, kv.positions);
-        if hd == 0 || !q.len().is_multiple_of(hd) || stride < hd {
-            return Err(Error::config(
-                "attention",
-                format!(
-                    "query of {} values, head size {hd}, stride {stride}",
-                    q.len()
-                ),
-            ));
-        }
-        let heads = q.len() / hd;
-        let need = if n == 0 { 0 } else { (n - 1) * stride + hd };
-        for (name, len, need) in [
-            ("attention keys", kv.keys.len(), need),
-            ("attention values", kv.values.len(), need),
-            ("attention scores", scores.len(), heads * n),
-            ("attention output", out.len(), q.len()),
-        ] {
-            if len < need {
-                return Err(Error::shape(name, &[Some(need)], &[len]));
-            }
-        }
-        if n == 0 {
-            out[..q.len()].fill(0.0);
-            return Ok(());
-        }
-        super::attention::attend(q, kv, scale, scores, out);
-        Ok(())
     }
 
     /// `w . x` for a quantized row in the split layout ([`split_row`](crate::split_row): scales

@@ -16,8 +16,9 @@ mod split;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use attention::{attend, KvRows};
 pub(crate) use kernels::RowElem;
-pub use kernels::{CpuTier, Kernels, KvRows, CPU_TIER_ENV};
+pub use kernels::{CpuTier, Kernels, CPU_TIER_ENV};
 
 /// Asks the CPU to start loading `s` into cache (a hint: never faults, no effect elsewhere).
 /// Small rows at a fixed stride (hidden 576: 360-byte Q4_1 rows 1332 bytes apart) are otherwise

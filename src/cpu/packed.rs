@@ -325,14 +325,6 @@ pub(crate) mod x86 {
     use super::{record_bytes, scale_bytes, PackedRows, PACK};
     use crate::cpu::quant::{QuantKind, QuantizedRow, QK};
 
-    const fn k_of(kind: QuantKind) -> usize {
-        match kind {
-            QuantKind::Q4_0 => 0,
-            QuantKind::Q4_1 => 1,
-            QuantKind::Q8_0 => 2,
-        }
-    }
-
     /// # Safety
     /// The CPU must have AVX-512F, AVX-512BW, AVX-512VL and AVX-512 VNNI; the arguments must satisfy the
     /// module's contract.
@@ -345,15 +337,13 @@ pub(crate) mod x86 {
     ) {
         // SAFETY: forwarded contract; one monomorphic kernel per block type.
         unsafe {
-            match k_of(p.kind()) {
+            match p.kind().index() {
                 0 => vnni::<0>(p, groups, xs, out),
                 1 => vnni::<1>(p, groups, xs, out),
                 _ => vnni::<2>(p, groups, xs, out),
             }
         }
     }
-
-    const KINDS: [QuantKind; 3] = [QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q8_0];
 
     /// How far ahead of the record being read the kernels prefetch (a hint: it never faults,
     /// also past the end of the matrix).
@@ -367,7 +357,7 @@ pub(crate) mod x86 {
         out: &mut [f32],
     ) {
         let nb = p.blocks();
-        let rec = record_bytes(KINDS[K]);
+        let rec = record_bytes(QuantKind::ALL[K]);
         let nx = xs.len();
         let data = p.data().as_ptr();
         for (gi, g) in groups.enumerate() {
@@ -400,7 +390,7 @@ pub(crate) mod x86 {
         xs: &[QuantizedRow],
         out: &mut [f32],
     ) {
-        let kind = KINDS[K];
+        let kind = QuantKind::ALL[K];
         let (rec, sb) = (record_bytes(kind), scale_bytes(kind));
         // SAFETY: records `0..nb` of this group are in bounds (caller); each input row has `nb`
         // blocks of 32 values; `out` holds `T * 16` floats.
@@ -478,7 +468,7 @@ pub(crate) mod x86 {
     ) {
         // SAFETY: forwarded contract.
         unsafe {
-            match k_of(p.kind()) {
+            match p.kind().index() {
                 0 => avx2::<0>(p, groups, xs, out),
                 1 => avx2::<1>(p, groups, xs, out),
                 _ => avx2::<2>(p, groups, xs, out),
@@ -494,7 +484,7 @@ pub(crate) mod x86 {
         out: &mut [f32],
     ) {
         let nb = p.blocks();
-        let kind = KINDS[K];
+        let kind = QuantKind::ALL[K];
         let (rec, sb) = (record_bytes(kind), scale_bytes(kind));
         let nx = xs.len();
         let data = p.data().as_ptr();

@@ -23,6 +23,18 @@ pub enum QuantKind {
 }
 
 impl QuantKind {
+    /// Every block type, in the order of [`QuantKind::index`] (kernels monomorphize on it).
+    pub(crate) const ALL: [QuantKind; 3] = [QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q8_0];
+
+    /// This block type's position in [`QuantKind::ALL`].
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            QuantKind::Q4_0 => 0,
+            QuantKind::Q4_1 => 1,
+            QuantKind::Q8_0 => 2,
+        }
+    }
+
     /// Bytes of one 32-weight block.
     pub fn block_bytes(self) -> usize {
         match self {
@@ -83,6 +95,23 @@ impl QuantizedRow {
             self.q4[g * 128 + 16 * j..][..16].copy_from_slice(&blk[..16]);
             self.q4[g * 128 + 64 + 16 * j..][..16].copy_from_slice(&blk[16..]);
         }
+    }
+
+    /// Quantizes `x`, rows of `width` values, into `rows` (grown as needed, buffers reused: no
+    /// allocation once a batch this large has been seen) and returns the quantized rows.
+    pub fn quantize_rows<'a>(
+        rows: &'a mut Vec<QuantizedRow>,
+        x: &[f32],
+        width: usize,
+    ) -> &'a [QuantizedRow] {
+        let n = x.len().checked_div(width).unwrap_or(0);
+        if rows.len() < n {
+            rows.resize_with(n, Default::default);
+        }
+        for (q, xr) in rows.iter_mut().zip(x.chunks_exact(width.max(1))) {
+            q.quantize(xr);
+        }
+        &rows[..n]
     }
 
     /// The values the integer kernels see: `out[j] = d[j / 32] * q[j]`.

@@ -165,8 +165,6 @@ pub(crate) mod x86 {
     use super::{blocks_of, h16, scales_bytes, value_bytes};
     use crate::cpu::quant::{QuantKind, QuantizedRow, QK};
 
-    const KINDS: [QuantKind; 3] = [QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q8_0];
-
     /// Split Q8_0 rows added into `y_len` accumulators: the blocks all of them cover, and where
     /// each row's values start.
     fn q8_rows<const N: usize>(rows: &[&[u8]; N], y_len: usize) -> (usize, [usize; N]) {
@@ -178,21 +176,13 @@ pub(crate) mod x86 {
         (nb, rows.map(|r| scales_bytes(q8, blocks_of(q8, r.len()))))
     }
 
-    const fn k_of(kind: QuantKind) -> usize {
-        match kind {
-            QuantKind::Q4_0 => 0,
-            QuantKind::Q4_1 => 1,
-            QuantKind::Q8_0 => 2,
-        }
-    }
-
     /// # Safety
     /// The CPU must have AVX-512F, AVX-512BW, AVX-512VL and AVX-512 VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(crate) unsafe fn dot_vnni(kind: QuantKind, row: &[u8], x: &QuantizedRow) -> f32 {
         // SAFETY: forwarded contract.
         unsafe {
-            match k_of(kind) {
+            match kind.index() {
                 0 => dot_vnni_n::<0, 1>([row], x)[0],
                 1 => dot_vnni_n::<1, 1>([row], x)[0],
                 _ => dot_vnni_n::<2, 1>([row], x)[0],
@@ -212,7 +202,7 @@ pub(crate) mod x86 {
     ) -> [f32; 2] {
         // SAFETY: forwarded contract.
         unsafe {
-            match k_of(kind) {
+            match kind.index() {
                 0 => dot_vnni_n::<0, 2>(rows, x),
                 1 => dot_vnni_n::<1, 2>(rows, x),
                 _ => dot_vnni_n::<2, 2>(rows, x),
@@ -225,7 +215,7 @@ pub(crate) mod x86 {
         rows: [&[u8]; N],
         x: &QuantizedRow,
     ) -> [f32; N] {
-        let kind = KINDS[K];
+        let kind = QuantKind::ALL[K];
         let nb_row = rows.map(|r| blocks_of(kind, r.len()));
         let nb = nb_row.iter().fold(
             x.blocks().min(x.q.len() / QK).min(x.q4.len() / 32),
@@ -240,18 +230,6 @@ pub(crate) mod x86 {
         // masked loads touch only those lanes. The caller guarantees the CPU features.
         unsafe {
             let nib = _mm512_set1_epi8(0x0F);
-            // [q0, q0, q1, q1] from [q0, q1]: each 16-byte block twice, then low / high nibbles.
-            let dup = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
-            let shift = _mm512_set_epi64(
-                0x0004_0004_0004_0004,
-                0x0004_0004_0004_0004,
-                0,
-                0,
-                0x0004_0004_0004_0004,
-                0x0004_0004_0004_0004,
-                0,
-                0,
-            );
             let half = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
             let quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
             let mut acc = [_mm512_setzero_ps(); N];
@@ -312,6 +290,8 @@ pub(crate) mod x86 {
                     c += n;
                     continue;
                 }
+                // Q8_0 rows: two blocks per step, signs moved onto the input (`vpdpbusd` takes
+                // unsigned weights).
                 let mut j = 0;
                 while j < n {
                     let two = j + 2 <= n;
@@ -324,25 +304,15 @@ pub(crate) mod x86 {
                     let idx = _mm512_add_epi32(half, _mm512_set1_epi32(j as i32));
                     for r in 0..N {
                         let v = p[r].add(sb[r] + vb * b);
-                        let prod = if K == 2 {
-                            let w = if two {
-                                _mm512_loadu_si512(v.cast())
-                            } else {
-                                _mm512_maskz_loadu_epi8(0xFFFF_FFFF, v.cast())
-                            };
-                            let neg = _mm512_movepi8_mask(w);
-                            let xs = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), xs)
+                        let w = if two {
+                            _mm512_loadu_si512(v.cast())
                         } else {
-                            let q = if two {
-                                _mm512_castsi256_si512(_mm256_loadu_si256(v.cast()))
-                            } else {
-                                _mm512_zextsi128_si512(_mm_loadu_si128(v.cast()))
-                            };
-                            let w = _mm512_permutexvar_epi64(dup, q);
-                            let w = _mm512_and_si512(_mm512_srlv_epi16(w, shift), nib);
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xv)
+                            _mm512_maskz_loadu_epi8(0xFFFF_FFFF, v.cast())
                         };
+                        let neg = _mm512_movepi8_mask(w);
+                        let xs = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+                        let prod =
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), xs);
                         let sc = _mm512_permutexvar_ps(idx, s16[r]);
                         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), sc, acc[r]);
                     }
@@ -442,7 +412,7 @@ pub(crate) mod x86 {
     pub(crate) unsafe fn dot_avx2(kind: QuantKind, row: &[u8], x: &QuantizedRow) -> f32 {
         // SAFETY: forwarded contract.
         unsafe {
-            match k_of(kind) {
+            match kind.index() {
                 0 => dot_avx2_k::<0>(row, x),
                 1 => dot_avx2_k::<1>(row, x),
                 _ => dot_avx2_k::<2>(row, x),
@@ -452,7 +422,7 @@ pub(crate) mod x86 {
 
     #[target_feature(enable = "avx2,fma")]
     unsafe fn dot_avx2_k<const K: usize>(row: &[u8], x: &QuantizedRow) -> f32 {
-        let kind = KINDS[K];
+        let kind = QuantKind::ALL[K];
         let nb_row = blocks_of(kind, row.len());
         let nb = nb_row.min(x.blocks()).min(x.q.len() / QK);
         let (sb, vb) = (scales_bytes(kind, nb_row), value_bytes(kind));

