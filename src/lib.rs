@@ -37,6 +37,7 @@ mod error;
 mod ffn;
 mod hybrid;
 mod input;
+mod input_sparse;
 mod interop;
 mod linear;
 mod place;
@@ -50,12 +51,14 @@ pub use artifact::{
     LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
 };
 pub use cpu::{
-    attend, dequantize_row, dequantize_split_row, quantize_row_q8_0, share, split_row, CpuTier,
-    Kernels, KvRows, PackedRows, Pool, QuantKind, QuantizedRow, CPU_TIER_ENV, PACK, QK, SPIN_ENV,
+    attend, dequantize_row, dequantize_split_row, quantize_row_q8_0, share, split_row,
+    ActiveColumns, ColumnMatrix, ColumnStorage, CpuTier, Kernels, KvRows, PackedRows, Pool,
+    QuantKind, QuantizedRow, CHUNK, CPU_TIER_ENV, PACK, QK, SPIN_ENV,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 pub use hybrid::{HybridFfn, HybridOptions, PrefillPolicy};
+pub use input_sparse::{FfnTraffic, InputScore, InputScores, InputSparseFfn, InputThresholds};
 pub use interop::{
     parse_gpuidx, read_gguf, read_gpuidx, GgufMagic, PowerInferFile, PreNormLowRank, RowRms,
     GGUF_MAGIC, POWERINFER_DEFAULT_THRESHOLD, POWERINFER_MAGIC, SPARSE_THRESHOLD_KEY,
@@ -63,7 +66,7 @@ pub use interop::{
 pub use linear::QLinear;
 pub use place::{plan_placement, LayerPlacement, Placement};
 pub use predict::{ActiveSet, All, GateFirst, LowRank, Oracle, PredictInput, Predictor};
-pub use profile::{ActivationStats, PredictorAudit};
+pub use profile::{ActivationStats, Histogram, PredictorAudit};
 pub use train::{
     train_low_rank, PredictorQuality, Samples, TrainOptions, Trained, QUANTILE_MAX, QUANTILE_STEPS,
 };

@@ -24,9 +24,8 @@ pub struct ActivationStats {
     pub tokens: u64,
     /// `counts[i]`: rows where neuron `i` was computed and active.
     pub counts: Vec<u64>,
-    /// Log-scale histogram of `|h|` over computed (row, neuron) pairs (empty unless asked for:
-    /// it costs a logarithm per pair).
-    hist: Vec<u64>,
+    /// Log-scale histogram of `|h|` over computed (row, neuron) pairs (only when asked for).
+    hist: Option<Histogram>,
 }
 
 /// Log-scale bin of `|v|` from its bits: exponent and top mantissa bits, no logarithm.
@@ -44,6 +43,65 @@ fn edge(b: usize) -> f32 {
     f32::from_bits(((b as u32).min(BINS as u32 - 1) + BASE) << SHIFT)
 }
 
+/// A log-scale histogram of magnitudes (1/16 octave per bin, from `2^-30` to `2^20`): the
+/// distribution calibration reads thresholds from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    bins: Vec<u64>,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Histogram {
+    /// An empty histogram.
+    pub fn new() -> Self {
+        Histogram {
+            bins: vec![0; BINS],
+        }
+    }
+
+    /// Counts `|v|`.
+    #[inline]
+    pub fn record(&mut self, v: f32) {
+        self.bins[bin(v)] += 1;
+    }
+
+    /// Counts every `|v|` of `vs`.
+    pub fn record_all(&mut self, vs: &[f32]) {
+        for &v in vs {
+            self.record(v);
+        }
+    }
+
+    /// Values counted.
+    pub fn count(&self) -> u64 {
+        self.bins.iter().sum()
+    }
+
+    /// The magnitude below which a fraction `fraction` of the counted values fall: thresholding
+    /// `|v| > t` then drops about that fraction. Resolution is 1/16 octave (at most 6.3%) of the
+    /// magnitude; `None` before anything was counted or for `fraction` outside `[0, 1)`.
+    pub fn threshold_for_fraction(&self, fraction: f64) -> Option<f32> {
+        let total = self.count();
+        if total == 0 || !(0.0..1.0).contains(&fraction) {
+            return None;
+        }
+        let target = (fraction * total as f64).round() as u64;
+        let mut seen = 0u64;
+        for (b, &n) in self.bins.iter().enumerate() {
+            if seen + n > target {
+                return Some(if b == 0 { 0.0 } else { edge(b - 1) });
+            }
+            seen += n;
+        }
+        Some(edge(BINS - 1))
+    }
+}
+
 impl ActivationStats {
     /// Empty per-neuron counts for `intermediate` neurons.
     pub fn new(intermediate: usize, threshold: f32) -> Self {
@@ -51,14 +109,14 @@ impl ActivationStats {
             threshold,
             tokens: 0,
             counts: vec![0; intermediate],
-            hist: Vec::new(),
+            hist: None,
         }
     }
 
     /// Counts plus the `|h|` histogram that [`ActivationStats::threshold_for_sparsity`] reads.
     pub fn with_magnitudes(intermediate: usize, threshold: f32) -> Self {
         ActivationStats {
-            hist: vec![0; BINS],
+            hist: Some(Histogram::new()),
             ..Self::new(intermediate, threshold)
         }
     }
@@ -70,23 +128,10 @@ impl ActivationStats {
     }
 
     /// The `|h|` threshold below which a fraction `sparsity` of the recorded (row, neuron) pairs
-    /// fall: thresholding `|h| > t` then drops about that fraction. Resolution is 1/16 octave
-    /// (at most 6.3%) of `|h|`; `None` before anything was recorded, without magnitudes, or for
-    /// `sparsity` outside `[0, 1)`.
+    /// fall: thresholding `|h| > t` then drops about that fraction (see
+    /// [`Histogram::threshold_for_fraction`]). `None` without magnitudes.
     pub fn threshold_for_sparsity(&self, sparsity: f64) -> Option<f32> {
-        let total: u64 = self.hist.iter().sum();
-        if total == 0 || !(0.0..1.0).contains(&sparsity) {
-            return None;
-        }
-        let target = (sparsity * total as f64).round() as u64;
-        let mut seen = 0u64;
-        for (b, &n) in self.hist.iter().enumerate() {
-            if seen + n > target {
-                return Some(if b == 0 { 0.0 } else { edge(b - 1) });
-            }
-            seen += n;
-        }
-        Some(edge(BINS - 1))
+        self.hist.as_ref()?.threshold_for_fraction(sparsity)
     }
 
     /// Records `rows` rows of activations given row-major (`h[r * intermediate + i]`, every
@@ -97,10 +142,8 @@ impl ActivationStats {
             for (c, &v) in self.counts.iter_mut().zip(row) {
                 *c += u64::from(v.abs() > self.threshold);
             }
-            if !self.hist.is_empty() {
-                for &v in row {
-                    self.hist[bin(v)] += 1;
-                }
+            if let Some(hist) = &mut self.hist {
+                hist.record_all(row);
             }
         }
         self.tokens += rows as u64;
@@ -112,8 +155,8 @@ impl ActivationStats {
             let mut active = 0;
             for &v in &h[p * rows..(p + 1) * rows] {
                 active += u64::from(v.abs() > self.threshold);
-                if !self.hist.is_empty() {
-                    self.hist[bin(v)] += 1;
+                if let Some(hist) = &mut self.hist {
+                    hist.record(v);
                 }
             }
             self.counts[i as usize] += active;

@@ -7,52 +7,11 @@ mod common;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use common::*;
-use half::f16;
 use powerinfer::{CpuTier, ErrorKind, QLinear, QuantizedRow, PACK};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
 const KINDS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
-
-fn h16(b: &[u8]) -> f32 {
-    f16::from_le_bytes([b[0], b[1]]).to_f32()
-}
-
-/// Row `r` of GGUF blocks dotted with `x`, from the block layout: the exact integer sum per block,
-/// then ggml's scaling in ggml's order (Q4_1 not fused; Q4_0/Q8_0 one fused multiply-add).
-fn naive_row(kind: GgmlDType, row: &[u8], x: &QuantizedRow) -> f32 {
-    let bb = match kind {
-        GgmlDType::Q4_0 => 18,
-        GgmlDType::Q4_1 => 20,
-        _ => 34,
-    };
-    let mut acc = 0f32;
-    for (b, blk) in row.chunks_exact(bb).enumerate() {
-        let xq = &x.values()[32 * b..32 * (b + 1)];
-        let (dx, _, s) = x.block(b).unwrap();
-        let d = h16(blk);
-        let w: Vec<i32> = match kind {
-            GgmlDType::Q8_0 => blk[2..].iter().map(|&v| v as i8 as i32).collect(),
-            _ => {
-                let qs = if kind == GgmlDType::Q4_1 {
-                    &blk[4..]
-                } else {
-                    &blk[2..]
-                };
-                let off = if kind == GgmlDType::Q4_0 { 8 } else { 0 };
-                (0..32)
-                    .map(|j| if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 } as i32 - off)
-                    .collect()
-            }
-        };
-        let sum: i32 = w.iter().zip(xq).map(|(a, b)| a * *b as i32).sum();
-        acc = match kind {
-            GgmlDType::Q4_1 => acc + ((sum as f32 * d) * dx + h16(&blk[2..]) * s),
-            _ => (sum as f32).mul_add(d * dx, acc),
-        };
-    }
-    acc
-}
 
 /// Checks one layer on every tier against the naive reference, bit for bit.
 fn check_bits(out: usize, inp: usize, rows: usize, threads: usize, kind: usize, seed: u64) {

@@ -11,6 +11,7 @@ use half::{bf16, f16};
 
 use std::ops::Range;
 
+use super::columns::{self, ActiveColumns, ColumnMatrix};
 use super::packed::{self, PackedRows};
 use super::quant::{self, QuantKind, QuantizedRow};
 use super::simd::{self, Scalar};
@@ -151,6 +152,7 @@ pub struct Kernels {
     dot_q: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
     axpy_q8_0: fn(&mut [f32], f32, &[u8]),
     pub(crate) gemm_q: GemmFn,
+    pub(crate) columns_q: columns::ColumnsFn,
     dot_qs: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
     dot2_qs: fn(QuantKind, [&[u8]; 2], &QuantizedRow) -> [f32; 2],
     axpy_qs: fn(&mut [f32], f32, &[u8]),
@@ -207,6 +209,7 @@ macro_rules! table {
             dot_q: quant::dot_scalar,
             axpy_q8_0: quant::axpy_q8_0_scalar,
             gemm_q: packed::gemm_scalar,
+            columns_q: columns::product_scalar,
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
@@ -240,7 +243,7 @@ impl Kernels {
             // SAFETY (both): AVX2 and FMA were detected just above.
             k.dot_q = |kind, w, x| unsafe { quant::avx2::dot(kind, w, x) };
             k.axpy_q8_0 = |y, a, w| unsafe { quant::avx2::axpy_q8_0(y, a, w) };
-            // SAFETY (five): AVX2, FMA and F16C are part of every tier above scalar (checked
+            // SAFETY (six): AVX2, FMA and F16C are part of every tier above scalar (checked
             // above).
             k.gemm_q = |p, g, x, o| unsafe { packed::x86::gemm_avx2(p, g, x, o) };
             k.dot_qs = |kind, w, x| unsafe { split::x86::dot_avx2(kind, w, x) };
@@ -252,16 +255,18 @@ impl Kernels {
             };
             k.axpy_qs = |y, a, w| unsafe { split::x86::axpy_avx2(y, a, w) };
             k.axpy4_qs = |y, a, w| unsafe { split::x86::axpy4_avx2(y, a, w) };
+            k.columns_q = |m, c, x, a, o| unsafe { columns::x86::product_avx2(m, c, x, a, o) };
         }
         // The integer products use AVX-512 VNNI where the AVX-512 tier has it.
         #[cfg(target_arch = "x86_64")]
         if tier == CpuTier::Avx512 && has_vnni512() {
-            // SAFETY (five): AVX-512F/BW/VL/VNNI detected by `has_vnni512`.
+            // SAFETY (six): AVX-512F/BW/VL/VNNI detected by `has_vnni512`.
             k.gemm_q = |p, g, x, o| unsafe { packed::x86::gemm_vnni(p, g, x, o) };
             k.dot_qs = |kind, w, x| unsafe { split::x86::dot_vnni(kind, w, x) };
             k.dot2_qs = |kind, w, x| unsafe { split::x86::dot2_vnni(kind, w, x) };
             k.axpy_qs = |y, a, w| unsafe { split::x86::axpy_avx512(y, a, w) };
             k.axpy4_qs = |y, a, w| unsafe { split::x86::axpy4_avx512(y, a, w) };
+            k.columns_q = |m, c, x, a, o| unsafe { columns::x86::product_vnni(m, c, x, a, o) };
         }
         Ok(k)
     }
@@ -295,11 +300,29 @@ impl Kernels {
             dot_q: quant::dot_scalar,
             axpy_q8_0: quant::axpy_q8_0_scalar,
             gemm_q: packed::gemm_scalar,
+            columns_q: columns::product_scalar,
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
             axpy4_qs: split::axpy4_scalar,
         }
+    }
+
+    /// `out = W x` for the rows of `m` in chunks `chunks` (`out` holds `chunks.len() * 64`
+    /// values), reading only the columns in `active`. Quantized matrices take `xq` (the input
+    /// quantized by [`QuantizedRow::quantize`]; `active` must list its nonzero values, as
+    /// [`ActiveColumns::of_quantized`] does), float ones `x` (`active` from
+    /// [`ActiveColumns::of_f32`]). Arguments that do not fit are cut to what fits.
+    pub fn columns(
+        &self,
+        m: &ColumnMatrix,
+        chunks: Range<usize>,
+        x: &[f32],
+        xq: &QuantizedRow,
+        active: &ActiveColumns,
+        out: &mut [f32],
+    ) {
+        columns::product(self, m, chunks, x, xq, active.columns(), out)
     }
 
     /// `POWERINFER_CPU` if set, else the best detected tier.

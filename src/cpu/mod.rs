@@ -4,6 +4,7 @@
 //! detection, and the pool's hand-off of borrowed jobs to worker threads.
 
 mod attention;
+mod columns;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -17,6 +18,8 @@ mod split;
 mod x86;
 
 pub use attention::{attend, KvRows};
+pub(crate) use columns::product as column_product;
+pub use columns::{ActiveColumns, ColumnMatrix, ColumnStorage, CHUNK};
 pub(crate) use kernels::RowElem;
 pub use kernels::{CpuTier, Kernels, CPU_TIER_ENV};
 

@@ -135,3 +135,55 @@ pub fn tolerance(input: DType) -> f32 {
         1e-2
     }
 }
+
+pub fn h16(b: &[u8]) -> f32 {
+    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// Row `r` of GGUF blocks dotted with `x`, from the block layout: the exact integer sum per block,
+/// then ggml's scaling in ggml's order (Q4_1 not fused; Q4_0/Q8_0 one fused multiply-add).
+pub fn naive_row(
+    kind: candle_core::quantized::GgmlDType,
+    row: &[u8],
+    x: &powerinfer::QuantizedRow,
+) -> f32 {
+    let bb = match kind {
+        candle_core::quantized::GgmlDType::Q4_0 => 18,
+        candle_core::quantized::GgmlDType::Q4_1 => 20,
+        _ => 34,
+    };
+    let mut acc = 0f32;
+    for (b, blk) in row.chunks_exact(bb).enumerate() {
+        let xq = &x.values()[32 * b..32 * (b + 1)];
+        let (dx, _, s) = x.block(b).unwrap();
+        let d = h16(blk);
+        let w: Vec<i32> = match kind {
+            candle_core::quantized::GgmlDType::Q8_0 => {
+                blk[2..].iter().map(|&v| v as i8 as i32).collect()
+            }
+            _ => {
+                let qs = if kind == candle_core::quantized::GgmlDType::Q4_1 {
+                    &blk[4..]
+                } else {
+                    &blk[2..]
+                };
+                let off = if kind == candle_core::quantized::GgmlDType::Q4_0 {
+                    8
+                } else {
+                    0
+                };
+                (0..32)
+                    .map(|j| if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 } as i32 - off)
+                    .collect()
+            }
+        };
+        let sum: i32 = w.iter().zip(xq).map(|(a, b)| a * *b as i32).sum();
+        acc = match kind {
+            candle_core::quantized::GgmlDType::Q4_1 => {
+                acc + ((sum as f32 * d) * dx + h16(&blk[2..]) * s)
+            }
+            _ => (sum as f32).mul_add(d * dx, acc),
+        };
+    }
+    acc
+}

@@ -179,7 +179,7 @@ impl Llama {
             .iter()
             .map(|l| match &l.ffn {
                 Ffn::Hybrid(h) => h.take_audit(),
-                Ffn::Dense(_) | Ffn::Kernels(_) => None,
+                Ffn::Dense(_) | Ffn::Kernels(_) | Ffn::InputSparse(_) => None,
             })
             .collect()
     }

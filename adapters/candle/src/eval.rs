@@ -1,7 +1,10 @@
 //! Calibration of per-layer thresholds, realized sparsity, and perplexity.
 
 use candle_core::D;
-use powerinfer::{ActivationStats, GateFirst};
+use powerinfer::{
+    ActivationStats, FfnTraffic, GateFirst, InputScore, InputScores, InputSparseFfn,
+    InputThresholds,
+};
 
 use crate::error::{ErrorKind, Result};
 use crate::model::{Ffn, Llama};
@@ -12,12 +15,12 @@ impl Llama {
             .iter_mut()
             .map(|l| match &mut l.ffn {
                 Ffn::Hybrid(h) => Ok(&mut **h),
-                Ffn::Dense(_) | Ffn::Kernels(_) => Err(ErrorKind::Engine(powerinfer::Error::from(
-                    powerinfer::ErrorKind::Config {
+                Ffn::Dense(_) | Ffn::Kernels(_) | Ffn::InputSparse(_) => Err(ErrorKind::Engine(
+                    powerinfer::Error::from(powerinfer::ErrorKind::Config {
                         setting: "ffn".into(),
                         reason: "this needs a model loaded with FfnMode::Hybrid".into(),
-                    },
-                ))
+                    }),
+                )
                 .into()),
             })
             .collect()
@@ -99,9 +102,85 @@ impl Llama {
                     let kept: u64 = s.counts.iter().sum();
                     1.0 - kept as f64 / (s.tokens.max(1) as f64 * s.counts.len() as f64)
                 }),
-                Ffn::Dense(_) | Ffn::Kernels(_) => None,
+                Ffn::Dense(_) | Ffn::Kernels(_) | Ffn::InputSparse(_) => None,
             })
             .collect()
+    }
+
+    fn input_sparse(&mut self) -> Result<Vec<&mut InputSparseFfn>> {
+        self.layers
+            .iter_mut()
+            .map(|l| match &mut l.ffn {
+                Ffn::InputSparse(f) => Ok(&mut **f),
+                _ => Err(ErrorKind::Engine(powerinfer::Error::config(
+                    "ffn",
+                    "this needs a model loaded with FfnMode::InputSparse",
+                ))
+                .into()),
+            })
+            .collect()
+    }
+
+    /// Calibration of the input-sparse rule: runs `tokens` (windows of `chunk`) with every
+    /// threshold at 0 (the dense FFN) and returns each layer's score histograms under `score`.
+    /// The layers' rules are restored afterwards.
+    pub fn record_input_scores(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        score: InputScore,
+    ) -> Result<Vec<InputScores>> {
+        let mut saved = Vec::new();
+        for f in self.input_sparse()? {
+            saved.push((f.score(), f.thresholds()));
+            f.set_rule(score, InputThresholds::default())?;
+            f.record_scores();
+        }
+        let run = self.run_chunks(tokens, chunk, |_, _| Ok(()));
+        let mut out = Vec::new();
+        for (f, (sc, t)) in self.input_sparse()?.into_iter().zip(saved) {
+            out.push(f.take_scores().unwrap_or_default());
+            f.set_rule(sc, t)?;
+            f.take_traffic();
+        }
+        run?;
+        Ok(out)
+    }
+
+    /// Sets every layer's input-sparse rule: `score` and one [`InputThresholds`] per layer.
+    pub fn set_input_rule(
+        &mut self,
+        score: InputScore,
+        thresholds: &[InputThresholds],
+    ) -> Result<()> {
+        let layers = self.input_sparse()?;
+        if layers.len() != thresholds.len() {
+            return Err(ErrorKind::Engine(
+                powerinfer::ErrorKind::LayerCount {
+                    what: "input thresholds".into(),
+                    expected: layers.len(),
+                    got: thresholds.len(),
+                }
+                .into(),
+            )
+            .into());
+        }
+        for (f, t) in layers.into_iter().zip(thresholds) {
+            f.set_rule(score, *t)?;
+        }
+        Ok(())
+    }
+
+    /// Weight bytes the input-sparse FFNs read since the last call, summed over layers (zero
+    /// for other FFNs).
+    pub fn take_ffn_traffic(&mut self) -> FfnTraffic {
+        let mut t = FfnTraffic::default();
+        for l in &self.layers {
+            if let Ffn::InputSparse(f) = &l.ffn {
+                t.add(&f.take_traffic());
+            }
+        }
+        t
     }
 
     /// Runs `tokens` in independent windows of `chunk` tokens, handing each window's logits

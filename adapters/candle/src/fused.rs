@@ -341,6 +341,7 @@ impl Decoder {
             clock.lap(Lap::Other);
             match &layer.ffn {
                 Ffn::Hybrid(ffn) => run_hybrid(ffn, &s.h, rows, &mut s.f)?,
+                Ffn::InputSparse(ffn) => ffn.forward_f32(&s.h, rows, &mut s.f)?,
                 Ffn::Kernels(ffn) => {
                     let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.h, hidden);
                     ffn.forward_rows(xq, &mut s.f, &mut s.ffn, &mut s.tmp)?;

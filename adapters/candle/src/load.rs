@@ -9,7 +9,8 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use powerinfer::{
-    All, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions, NeuronBundles, WeightDType,
+    All, ColumnStorage, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions, InputSparseFfn,
+    NeuronBundles, WeightDType,
 };
 
 use crate::config::LlamaConfig;
@@ -46,6 +47,14 @@ pub enum FfnMode {
     /// GGUF file whose projections, FFN and LM head are Q4_0, Q4_1 or Q8_0; anything else is a
     /// typed error naming the tensor.
     Fused {
+        /// Threads of the pool (the calling thread included).
+        threads: usize,
+    },
+    /// `powerinfer::InputSparseFfn` on the file's blocks (column-major, exact) and the whole
+    /// model on the fused decoder, like [`FfnMode::Fused`]. Every threshold starts at 0 (the
+    /// dense result); set the rule with [`crate::Llama::set_input_rule`], calibrated with
+    /// [`crate::Llama::record_input_scores`].
+    InputSparse {
         /// Threads of the pool (the calling thread included).
         threads: usize,
     },
@@ -282,7 +291,7 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     let dev = Device::Cpu;
     // The fused decoder when every projection (and for `Fused` the FFN) is on our kernels.
     let fused = match mode {
-        FfnMode::Fused { threads } => {
+        FfnMode::Fused { threads } | FfnMode::InputSparse { threads } => {
             if *threads == 0 {
                 return Err(powerinfer::Error::config("threads", "must be at least 1").into());
             }
@@ -356,6 +365,20 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
                 down: gguf.stacked(&p, &["ffn_down"], *threads)?,
                 act: cfg.activation,
             })),
+            FfnMode::InputSparse { threads } => {
+                let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
+                let (gate, up) = (t(gguf, "ffn_gate")?, t(gguf, "ffn_up")?);
+                let down = t(gguf, "ffn_down")?;
+                let spec = FfnSpec::new(cfg.hidden, cfg.intermediate, cfg.activation, true)?;
+                Ffn::InputSparse(Box::new(InputSparseFfn::from_qtensors(
+                    spec,
+                    Some(&gate),
+                    &up,
+                    &down,
+                    *threads,
+                    None,
+                )?))
+            }
             FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| match storage {
                 None => {
                     let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
@@ -517,6 +540,19 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
                     down: lin(&format!("{mlp}.down_proj"), false)?,
                     act: cfg.activation,
                 })
+            }
+            // Float checkpoints: column-major f16 weights, candle ops around the FFN.
+            FfnMode::InputSparse { threads } => {
+                let w = |n: &str| get(&format!("{mlp}.{n}_proj.weight"));
+                let (g, u, d) = (w("gate")?, w("up")?, w("down")?);
+                let spec = FfnSpec::new(cfg.hidden, cfg.intermediate, cfg.activation, true)?;
+                Ffn::InputSparse(Box::new(InputSparseFfn::from_weights(
+                    spec,
+                    FfnWeights::gated(&g, &u, &d),
+                    ColumnStorage::F16,
+                    *threads,
+                    None,
+                )?))
             }
             FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| {
                 let w = |n: &str| get(&format!("{mlp}.{n}_proj.weight"));

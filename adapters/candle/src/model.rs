@@ -92,6 +92,8 @@ pub enum Ffn {
     Kernels(Box<KernelFfn>),
     /// powerinfer's sparse FFN.
     Hybrid(Box<HybridFfn>),
+    /// powerinfer's input-sparse FFN (TEAL/WINA rules on column-major weights).
+    InputSparse(Box<powerinfer::InputSparseFfn>),
 }
 
 impl Module for Ffn {
@@ -111,6 +113,7 @@ impl Module for Ffn {
                 k.down.forward(&h)
             }
             Ffn::Hybrid(h) => h.forward(x),
+            Ffn::InputSparse(f) => f.forward(x),
         }
     }
 }
@@ -300,6 +303,10 @@ impl Llama {
                     linear_bytes(&f.down),
                 ),
                 Ffn::Kernels(f) => (f.gate_up.weights().bytes(), f.down.weights().bytes()),
+                Ffn::InputSparse(f) => {
+                    let (g, u, d) = f.matrix_bytes();
+                    (g + u, d)
+                }
                 Ffn::Hybrid(h) => {
                     let (spec, dt) = (h.spec(), h.bundles().dtype());
                     let rows = if spec.gated { 2 } else { 1 };

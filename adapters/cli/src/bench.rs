@@ -23,6 +23,9 @@ struct Row {
     bytes: Option<f64>,
     /// Realized FFN sparsity (sparse modes).
     sparsity: Option<f64>,
+    /// Share of the FFN weight bytes not read per decoded token (`dense`/`all`: 0; `input`:
+    /// measured).
+    ffn_bytes_skipped: Option<f64>,
 }
 
 impl Row {
@@ -36,6 +39,7 @@ impl Row {
             measured_ms: None,
             bytes: None,
             sparsity: None,
+            ffn_bytes_skipped: None,
         }
     }
 }
@@ -147,6 +151,7 @@ fn measure(
         per_token: Some(per_token),
         bytes: Some(model.decode_bytes().per_token(positions, 0.0)),
         sparsity: None,
+        ffn_bytes_skipped: (mode == "dense" || mode == "all").then_some(0.0),
     })
 }
 
@@ -247,9 +252,9 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     let modes: Vec<&str> = a.modes.split(',').map(str::trim).collect();
     if let Some(m) = modes
         .iter()
-        .find(|m| !["candle", "reference", "dense", "all", "sparse"].contains(m))
+        .find(|m| !["candle", "reference", "dense", "all", "sparse", "input"].contains(m))
     {
-        bail!("--modes: unknown mode `{m}` (candle, reference, dense, all, sparse)");
+        bail!("--modes: unknown mode `{m}` (candle, reference, dense, all, sparse, input)");
     }
     let want = |m: &str| modes.contains(&m);
     let settings = SparseSettings::from_args(&a.model)?;
@@ -328,6 +333,9 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     if want("sparse") {
         fused &= measure_sparse(&path, &settings, &prompt, a, &mut rows)?;
     }
+    if gguf && want("input") {
+        rows.push(measure_input(&path, &settings, &prompt, a)?);
+    }
     peer_run(&mut lcpp)?;
     let info = RunInfo {
         bw,
@@ -371,6 +379,37 @@ fn measure_sparse(
         rows.push(row);
     }
     Ok(sp.m.model.is_fused())
+}
+
+/// The input-sparse FFN at the default rule (calibrated on speeches up to 1999), with the
+/// share of FFN weight bytes it skipped per decoded token, measured on one more decode.
+fn measure_input(
+    path: &std::path::Path,
+    settings: &SparseSettings,
+    prompt: &[u32],
+    a: &BenchArgs,
+) -> Result<Row> {
+    let mut m = load(
+        path,
+        &FfnMode::InputSparse {
+            threads: settings.threads,
+        },
+    )?;
+    let calib = corpus_tokens(&m.tok, 1790..=1999, settings.calibration_tokens)?;
+    crate::input::set_default(&mut m.model, &calib, 512)?;
+    let mut row = measure(&mut m.model, prompt, a.decode_tokens, a.runs, "input")?;
+    m.model.clear_kv_cache();
+    let mut next = argmax(m.model.forward_logits(prompt, 0)?);
+    m.model.take_ffn_traffic();
+    for i in 0..a.decode_tokens {
+        next = argmax(m.model.forward_logits(&[next], prompt.len() + i)?);
+    }
+    let skipped = m.model.take_ffn_traffic().skipped();
+    let db = m.model.decode_bytes();
+    let ffn = (db.ffn_gate_up + db.ffn_down) as f64;
+    row.bytes = row.bytes.map(|b| b - ffn * skipped);
+    row.ffn_bytes_skipped = Some(skipped);
+    Ok(row)
 }
 
 /// What the table says about the run besides its rows.
@@ -460,7 +499,7 @@ fn print_table(
                         "lm_head": ms(t.lm_head), "other": ms(t.other)})
                 }),
                 "bytes_per_token": r.bytes, "floor_ms": floor, "read_bandwidth_gbs": bw,
-                "realized_sparsity": r.sparsity,
+                "realized_sparsity": r.sparsity, "ffn_bytes_skipped": r.ffn_bytes_skipped,
             })
         );
     }
@@ -468,12 +507,19 @@ fn print_table(
     if let Some(s) = find("sparse").and_then(|r| r.sparsity) {
         println!("sparse: realized FFN sparsity {:.1}%", s * 100.0);
     }
+    if let Some(s) = find("input").and_then(|r| r.ffn_bytes_skipped) {
+        println!(
+            "input: {} rule, {:.1}% of the FFN weight bytes skipped per decoded token",
+            crate::input::DEFAULT_RULE.name(),
+            s * 100.0
+        );
+    }
     if !fused {
         println!("note: this model's projections are not all Q4_0/Q4_1/Q8_0: `all` and `sparse` run on candle ops");
     }
     for base in ["llama.cpp", "candle", "reference"] {
         let Some(b) = find(base) else { continue };
-        let ratios: Vec<String> = ["dense", "all", "sparse", "trained"]
+        let ratios: Vec<String> = ["dense", "all", "sparse", "trained", "input"]
             .iter()
             .filter_map(|m| find(m))
             .map(|r| {

@@ -61,6 +61,9 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     println!("dense perplexity {ppl_dense:.3}");
     let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
 
+    if let Some(rules) = &a.input_rules {
+        return input_sweep(a, &path, &settings, rules, &text, ppl_dense);
+    }
     let mut sp = load_sparse(&path, &settings)?;
     if sp.artifact.is_none() {
         let (ppl, per_layer) = sparse_run(&mut sp, &text, a.ctx)?;
@@ -230,4 +233,50 @@ fn parse_sweep(s: &Option<String>) -> Result<Vec<f64>> {
             Ok(v)
         })
         .collect()
+}
+
+/// `--input-rules`: each rule at each target, its allocation chosen on calibration text, its
+/// held-out perplexity and the share of FFN weight bytes skipped; a JSON line per point.
+fn input_sweep(
+    a: &EvalArgs,
+    path: &std::path::Path,
+    settings: &SparseSettings,
+    rules: &str,
+    text: &[u32],
+    ppl_dense: f64,
+) -> Result<()> {
+    let rules = crate::input::parse_rules(rules)?;
+    let targets = crate::input::parse_targets(&a.input_sweep)?;
+    let mut im =
+        crate::input::InputModel::load(path, settings.threads, settings.calibration_tokens, a.ctx)?;
+    let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
+    println!("rule  target  allocation (gate/up/down)  calib ppl  held-out ppl  vs dense  FFN bytes skipped");
+    for &rule in &rules {
+        for &s in &targets {
+            let (alloc, calib) = im.choose(rule, s, 1024)?;
+            im.set(rule, alloc)?;
+            let pb = spinner(format!("{} at {:.0}%", rule.name(), s * 100.0));
+            let (p, skipped) = im.perplexity(text)?;
+            pb.finish_and_clear();
+            println!(
+                "{:<5} {:>5.0}%  {:>4.0}% / {:>3.0}% / {:>3.0}%          {calib:>9.3}  {p:>12.3}  {:>+7.2}%  {:>16.1}%",
+                rule.name(),
+                s * 100.0,
+                alloc[0] * 100.0,
+                alloc[1] * 100.0,
+                alloc[2] * 100.0,
+                rel(p),
+                skipped * 100.0
+            );
+            println!(
+                "{}",
+                json!({
+                    "rule": rule.name(), "target": s, "allocation": alloc, "tokens": text.len(),
+                    "ctx": a.ctx, "ppl_dense": ppl_dense, "ppl_sparse": p,
+                    "ffn_bytes_skipped": skipped, "calibration_ppl": calib,
+                })
+            );
+        }
+    }
+    Ok(())
 }

@@ -7,6 +7,7 @@ mod common;
 mod demo;
 mod eval;
 mod generate;
+mod input;
 mod plots;
 
 use std::path::PathBuf;
@@ -204,8 +205,8 @@ pub struct BenchArgs {
     /// on first use, about 10 minutes).
     #[arg(long, value_name = "ENGINE")]
     pub peer: Option<String>,
-    /// Which of our rows to run, comma-separated (candle, reference, dense, all, sparse).
-    #[arg(long, default_value = "candle,reference,dense,all,sparse")]
+    /// Which of our rows to run, comma-separated (candle, reference, dense, all, sparse, input).
+    #[arg(long, default_value = "candle,reference,dense,all,sparse,input")]
     pub modes: String,
     /// Model and sparsity.
     #[command(flatten)]
@@ -229,6 +230,14 @@ pub struct EvalArgs {
     /// to the artifact.
     #[arg(long)]
     pub sweep: Option<String>,
+    /// Evaluate the input-sparse FFN instead: these rules side by side (`teal`: `|x|`; `wina`:
+    /// `|x| * ||column||`), each calibrated on speeches up to 1999, at the targets of
+    /// `--input-sweep`.
+    #[arg(long, value_name = "RULES")]
+    pub input_rules: Option<String>,
+    /// Target shares of the FFN weight bytes skipped for `--input-rules` (e.g. `0.1,0.2,0.3`).
+    #[arg(long, default_value = "0.1,0.2,0.25,0.3,0.4")]
+    pub input_sweep: String,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,

@@ -1,0 +1,788 @@
+//! Column-major matrices for input-sparse products: `y = W x` where most of `x` is zero, reading
+//! only the columns of `W` whose input is nonzero.
+//!
+//! A matrix of `rows x cols` weights is stored column by column (column `c` holds `W[:, c]`, the
+//! `rows` weights one input feeds), each column padded to a multiple of [`CHUNK`] = 64 rows. A
+//! skipped input is one contiguous column that is never read: the skip unit the memory system
+//! rewards.
+//!
+//! GGUF Q4_0 / Q4_1 / Q8_0 matrices keep the file's quantized values exactly; only their order
+//! changes. A GGUF block is 32 consecutive inputs of one row with one scale (and, Q4_1, one
+//! minimum), so block `b`'s scales are shared by the 32 columns `32 b..32 b + 32`: they move into
+//! a scale plane per block (`rows` f16 scales, then for Q4_1 `rows` f16 minimums). The bytes are
+//! the file's: a product over a fraction `k` of the columns reads about `k` of the values plus the
+//! scale planes of the blocks it touches.
+//!
+//! Values of a Q4 column come in 32-byte chunks of 64 rows: byte `t` holds row `64 k + t` in its
+//! low nibble and row `64 k + 32 + t` in its high nibble. Q8_0 columns hold one `i8` per row.
+//!
+//! The input is quantized per 32-value block exactly as ggml quantizes a row (`QuantizedRow`), so
+//! per row and block the integer sum `sum_c q_w[r][c] q_x[c]` over the nonzero inputs is the
+//! dense kernel's exactly, and it is scaled in the dense kernel's order (`packed.rs`): a product
+//! keeping every input gives the bits of `PackedRows`'s product. Float matrices (f32, f16, bf16)
+//! are products of f32 inputs, four columns per pass over the outputs.
+
+use std::ops::Range;
+
+use half::{bf16, f16};
+
+use super::kernels::{Kernels, RowElem};
+use super::quant::{dequantize_row, QuantKind, QuantizedRow, QK};
+use crate::error::{Error, Result};
+
+/// Rows per chunk: columns are padded to a multiple of it, and threads split the rows by chunks.
+pub const CHUNK: usize = 64;
+
+/// The stored weights of a [`ColumnMatrix`].
+#[derive(Clone)]
+pub(crate) enum ColumnData {
+    /// GGUF blocks: per block the scale plane (`pad` f16 scales, Q4_1 then `pad` f16
+    /// minimums), and per column its values.
+    Quant {
+        kind: QuantKind,
+        scales: Vec<u8>,
+        values: Vec<u8>,
+    },
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+/// A `rows x cols` matrix stored column-major for input-sparse products (see the module docs).
+#[derive(Clone)]
+pub struct ColumnMatrix {
+    rows: usize,
+    cols: usize,
+    /// `rows` rounded up to a multiple of [`CHUNK`].
+    pad: usize,
+    pub(crate) data: ColumnData,
+    /// `||W[:, c]||_2` per column (of the stored values), for WINA-style input scores.
+    norms: Vec<f32>,
+}
+
+impl std::fmt::Debug for ColumnMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ColumnMatrix")
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("storage", &self.storage())
+            .finish()
+    }
+}
+
+/// How a [`ColumnMatrix`] stores its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ColumnStorage {
+    /// The file's GGUF blocks.
+    Quant(QuantKind),
+    /// 32-bit floats.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+/// Bytes of a Q4 or Q8 column of `pad` rows.
+fn column_bytes(kind: QuantKind, pad: usize) -> usize {
+    match kind {
+        QuantKind::Q8_0 => pad,
+        _ => pad / 2,
+    }
+}
+
+/// Bytes of one block's scale plane for `pad` rows.
+fn plane_bytes(kind: QuantKind, pad: usize) -> usize {
+    match kind {
+        QuantKind::Q4_1 => 4 * pad,
+        _ => 2 * pad,
+    }
+}
+
+fn check_dims(rows: usize, cols: usize, quant: bool) -> Result<()> {
+    if rows == 0 || cols == 0 {
+        return Err(Error::config(
+            "column matrix",
+            format!("{rows} x {cols}: both sizes must be at least 1"),
+        ));
+    }
+    if quant && !cols.is_multiple_of(QK) {
+        return Err(Error::config(
+            "column matrix",
+            format!("{cols} columns: GGUF blocks need a multiple of {QK}"),
+        ));
+    }
+    Ok(())
+}
+
+impl ColumnMatrix {
+    /// The column-major form of a GGUF matrix given as the file stores it: `rows` rows of `cols`
+    /// weights in `kind` blocks, row-major (`src` holds `rows * kind.row_bytes(cols)` bytes).
+    /// Scales that decode to NaN or infinity are refused (a corrupt file).
+    pub fn from_blocks(kind: QuantKind, rows: usize, cols: usize, src: &[u8]) -> Result<Self> {
+        check_dims(rows, cols, true)?;
+        let rb = kind.row_bytes(cols);
+        if src.len() != rows * rb {
+            return Err(Error::shape(
+                "column matrix bytes",
+                &[Some(rows * rb)],
+                &[src.len()],
+            ));
+        }
+        let pad = rows.next_multiple_of(CHUNK);
+        let nb = cols / QK;
+        let (cb, pb) = (column_bytes(kind, pad), plane_bytes(kind, pad));
+        let mut scales = vec![0u8; nb * pb];
+        let mut values = vec![0u8; cols * cb];
+        let mut norms = vec![0f64; cols];
+        let mut deq = vec![0f32; cols];
+        for (r, row) in src.chunks_exact(rb).enumerate() {
+            dequantize_row(kind, row, &mut deq);
+            if let Some(j) = deq.iter().position(|v| !v.is_finite()) {
+                return Err(Error::non_finite("column matrix", r * cols + j));
+            }
+            for (n, &v) in norms.iter_mut().zip(&deq) {
+                *n += f64::from(v) * f64::from(v);
+            }
+            for (b, blk) in row.chunks_exact(kind.block_bytes()).enumerate() {
+                let plane = &mut scales[b * pb..(b + 1) * pb];
+                plane[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+                if kind == QuantKind::Q4_1 {
+                    plane[2 * pad + 2 * r..2 * pad + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                }
+                for j in 0..QK {
+                    let c = b * QK + j;
+                    let col = &mut values[c * cb..(c + 1) * cb];
+                    match kind {
+                        QuantKind::Q8_0 => col[r] = blk[2 + j],
+                        _ => {
+                            let qs = &blk[kind.block_bytes() - 16..];
+                            let q = if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 };
+                            let (k, t) = (r / CHUNK, r % CHUNK);
+                            let at = k * 32 + t % 32;
+                            col[at] |= if t < 32 { q } else { q << 4 };
+                        }
+                    }
+                }
+            }
+        }
+        Ok(ColumnMatrix {
+            rows,
+            cols,
+            pad,
+            data: ColumnData::Quant {
+                kind,
+                scales,
+                values,
+            },
+            norms: norms.into_iter().map(|n| n.sqrt() as f32).collect(),
+        })
+    }
+
+    /// The column-major form of a row-major f32 matrix `w` (`rows x cols`), stored as `storage`
+    /// (f32, f16 or bf16; values rounded to it). Non-finite weights are refused.
+    pub fn from_f32(storage: ColumnStorage, rows: usize, cols: usize, w: &[f32]) -> Result<Self> {
+        check_dims(rows, cols, false)?;
+        if w.len() != rows * cols {
+            return Err(Error::shape(
+                "column matrix weights",
+                &[Some(rows * cols)],
+                &[w.len()],
+            ));
+        }
+        if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+            return Err(Error::non_finite("column matrix", i));
+        }
+        let pad = rows.next_multiple_of(CHUNK);
+        fn columns<E: Copy + Default>(
+            w: &[f32],
+            rows: usize,
+            cols: usize,
+            pad: usize,
+            to: impl Fn(f32) -> E,
+        ) -> Vec<E> {
+            let mut out = vec![E::default(); cols * pad];
+            for (r, row) in w.chunks_exact(cols).enumerate().take(rows) {
+                for (c, &v) in row.iter().enumerate() {
+                    out[c * pad + r] = to(v);
+                }
+            }
+            out
+        }
+        let data = match storage {
+            ColumnStorage::F32 => ColumnData::F32(columns(w, rows, cols, pad, |v| v)),
+            ColumnStorage::F16 => ColumnData::F16(columns(w, rows, cols, pad, f16::from_f32)),
+            ColumnStorage::BF16 => ColumnData::BF16(columns(w, rows, cols, pad, bf16::from_f32)),
+            ColumnStorage::Quant(_) => {
+                return Err(Error::config(
+                    "storage",
+                    "GGUF blocks come from ColumnMatrix::from_blocks",
+                ))
+            }
+        };
+        let mut m = ColumnMatrix {
+            rows,
+            cols,
+            pad,
+            data,
+            norms: Vec::new(),
+        };
+        let mut col = vec![0f32; rows];
+        m.norms = (0..cols)
+            .map(|c| {
+                m.column(c, &mut col);
+                col.iter()
+                    .map(|&v| f64::from(v) * f64::from(v))
+                    .sum::<f64>()
+                    .sqrt() as f32
+            })
+            .collect();
+        Ok(m)
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Chunks of [`CHUNK`] rows (the last one padded).
+    pub fn chunks(&self) -> usize {
+        self.pad / CHUNK
+    }
+
+    /// How the weights are stored.
+    pub fn storage(&self) -> ColumnStorage {
+        match &self.data {
+            ColumnData::Quant { kind, .. } => ColumnStorage::Quant(*kind),
+            ColumnData::F32(_) => ColumnStorage::F32,
+            ColumnData::F16(_) => ColumnStorage::F16,
+            ColumnData::BF16(_) => ColumnStorage::BF16,
+        }
+    }
+
+    /// `||W[:, c]||_2` per column, of the stored weights.
+    pub fn column_norms(&self) -> &[f32] {
+        &self.norms
+    }
+
+    /// Bytes of the stored weights (values and scale planes; padding included).
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            ColumnData::Quant { scales, values, .. } => scales.len() + values.len(),
+            ColumnData::F32(v) => 4 * v.len(),
+            ColumnData::F16(v) => 2 * v.len(),
+            ColumnData::BF16(v) => 2 * v.len(),
+        }
+    }
+
+    /// Bytes a product reads when `active` columns are nonzero, in `blocks` distinct 32-column
+    /// blocks (the scale planes; ignored for float storage).
+    pub fn bytes_read(&self, active: usize, blocks: usize) -> usize {
+        match &self.data {
+            ColumnData::Quant { kind, .. } => {
+                active * column_bytes(*kind, self.pad) + blocks * plane_bytes(*kind, self.pad)
+            }
+            ColumnData::F32(_) => active * 4 * self.pad,
+            ColumnData::F16(_) | ColumnData::BF16(_) => active * 2 * self.pad,
+        }
+    }
+
+    /// Column `c` as f32 weights (`out` holds `rows`), dequantized. For tests and references.
+    pub fn column(&self, c: usize, out: &mut [f32]) {
+        let (pad, rows) = (self.pad, self.rows);
+        match &self.data {
+            ColumnData::F32(v) => out[..rows].copy_from_slice(&v[c * pad..c * pad + rows]),
+            ColumnData::F16(v) => {
+                for (o, w) in out.iter_mut().zip(&v[c * pad..c * pad + rows]) {
+                    *o = w.to_f32();
+                }
+            }
+            ColumnData::BF16(v) => {
+                for (o, w) in out.iter_mut().zip(&v[c * pad..c * pad + rows]) {
+                    *o = w.to_f32();
+                }
+            }
+            ColumnData::Quant {
+                kind,
+                scales,
+                values,
+            } => {
+                let (cb, pb) = (column_bytes(*kind, pad), plane_bytes(*kind, pad));
+                let col = &values[c * cb..(c + 1) * cb];
+                let plane = &scales[(c / QK) * pb..(c / QK + 1) * pb];
+                for (r, o) in out.iter_mut().enumerate().take(rows) {
+                    let d = f16_at(plane, 2 * r);
+                    *o = match kind {
+                        QuantKind::Q8_0 => d * (col[r] as i8) as f32,
+                        QuantKind::Q4_0 => d * (nibble(col, r) as f32 - 8.0),
+                        QuantKind::Q4_1 => d * nibble(col, r) as f32 + f16_at(plane, 2 * (pad + r)),
+                    };
+                }
+            }
+        }
+    }
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// The 4-bit value of row `r` in a Q4 column.
+fn nibble(col: &[u8], r: usize) -> u8 {
+    let (k, t) = (r / CHUNK, r % CHUNK);
+    let b = col[k * 32 + t % 32];
+    if t < 32 {
+        b & 0xF
+    } else {
+        b >> 4
+    }
+}
+
+/// The nonzero inputs of a product: the column indices, ascending, and the number of distinct
+/// 32-column blocks they fall in.
+#[derive(Debug, Clone, Default)]
+pub struct ActiveColumns {
+    pub(crate) cols: Vec<u32>,
+    pub(crate) blocks: usize,
+}
+
+impl ActiveColumns {
+    /// The columns whose quantized input is nonzero.
+    pub fn of_quantized(&mut self, x: &QuantizedRow) {
+        self.fill(x.values().iter().map(|&q| q != 0));
+    }
+
+    /// The columns whose input is nonzero.
+    pub fn of_f32(&mut self, x: &[f32]) {
+        self.fill(x.iter().map(|&v| v != 0.0));
+    }
+
+    fn fill(&mut self, nonzero: impl Iterator<Item = bool>) {
+        self.cols.clear();
+        self.blocks = 0;
+        let mut last = usize::MAX;
+        for (c, nz) in nonzero.enumerate() {
+            if nz {
+                self.cols.push(c as u32);
+                if c / QK != last {
+                    last = c / QK;
+                    self.blocks += 1;
+                }
+            }
+        }
+    }
+
+    /// The active columns, ascending.
+    pub fn columns(&self) -> &[u32] {
+        &self.cols
+    }
+
+    /// Distinct 32-column blocks among them.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+}
+
+/// Splits an ascending column list into the runs of one 32-column block each.
+fn block_runs(active: &[u32]) -> impl Iterator<Item = &[u32]> {
+    active.chunk_by(|a, b| a / QK as u32 == b / QK as u32)
+}
+
+/// The quantized product's kernel: rows of chunks `chunks` of `m` against `x` over the `active`
+/// columns into `out` (`chunks.len() * CHUNK` values, overwritten).
+pub(crate) type ColumnsFn = fn(&ColumnMatrix, Range<usize>, &QuantizedRow, &[u32], &mut [f32]);
+
+/// Scales a block's exact integer sums into the accumulators, in the dense kernel's order.
+#[inline(always)]
+fn scale_block(
+    kind: QuantKind,
+    acc: f32,
+    s: i32,
+    d: f32,
+    m: f32,
+    x: &QuantizedRow,
+    b: usize,
+) -> f32 {
+    match kind {
+        QuantKind::Q4_1 => acc + ((s as f32 * d) * x.d[b] + m * x.s[b]),
+        _ => (s as f32).mul_add(d * x.d[b], acc),
+    }
+}
+
+/// The scalar reference of the quantized product (see [`ColumnsFn`]): per row and block, the
+/// exact integer sum over the active columns (Q4_0: `q - 8`; Q4_1: `q`), scaled as `packed.rs`.
+pub(crate) fn product_scalar(
+    m: &ColumnMatrix,
+    chunks: Range<usize>,
+    x: &QuantizedRow,
+    active: &[u32],
+    out: &mut [f32],
+) {
+    let ColumnData::Quant {
+        kind,
+        scales,
+        values,
+    } = &m.data
+    else {
+        return;
+    };
+    let (cb, pb) = (column_bytes(*kind, m.pad), plane_bytes(*kind, m.pad));
+    out.fill(0.0);
+    for run in block_runs(active) {
+        let b = run[0] as usize / QK;
+        let plane = &scales[b * pb..(b + 1) * pb];
+        for (i, o) in out.iter_mut().enumerate() {
+            let r = chunks.start * CHUNK + i;
+            let mut s = 0i32;
+            for &c in run {
+                let c = c as usize;
+                let col = &values[c * cb..(c + 1) * cb];
+                let w = match kind {
+                    QuantKind::Q8_0 => (col[r] as i8) as i32,
+                    QuantKind::Q4_0 => nibble(col, r) as i32 - 8,
+                    QuantKind::Q4_1 => nibble(col, r) as i32,
+                };
+                s += w * x.q[c] as i32;
+            }
+            let mn = if *kind == QuantKind::Q4_1 {
+                f16_at(plane, 2 * (m.pad + r))
+            } else {
+                0.0
+            };
+            *o = scale_block(*kind, *o, s, f16_at(plane, 2 * r), mn, x, b);
+        }
+    }
+}
+
+/// `out = W[rows of chunks, active] . x[active]` for the rows in `chunks` (`out` holds
+/// `chunks.len() * CHUNK` values). Quantized matrices take `xq` (the input quantized by
+/// [`QuantizedRow::quantize`], whose nonzero values `active` lists); float matrices take `x`.
+/// Arguments that do not fit (chunks past the matrix, a short `out` or input) are cut to what
+/// fits: never read or written out of bounds.
+pub(crate) fn product(
+    k: &Kernels,
+    m: &ColumnMatrix,
+    chunks: Range<usize>,
+    x: &[f32],
+    xq: &QuantizedRow,
+    active: &[u32],
+    out: &mut [f32],
+) {
+    let end = chunks
+        .end
+        .min(m.chunks())
+        .min(chunks.start + out.len() / CHUNK);
+    let chunks = chunks.start.min(end)..end;
+    let out = &mut out[..chunks.len() * CHUNK];
+    let active = match active.iter().position(|&c| c as usize >= m.cols) {
+        Some(n) => &active[..n],
+        None => active,
+    };
+    match &m.data {
+        ColumnData::Quant { .. } => {
+            if xq.values().len() < m.cols || xq.blocks() < m.cols / QK {
+                return out.fill(0.0);
+            }
+            (k.columns_q)(m, chunks, xq, active, out)
+        }
+        ColumnData::F32(w) => float(k, w, m.pad, chunks, x, active, out),
+        ColumnData::F16(w) => float(k, w, m.pad, chunks, x, active, out),
+        ColumnData::BF16(w) => float(k, w, m.pad, chunks, x, active, out),
+    }
+}
+
+/// Float columns: four active columns per pass over the outputs (`axpy4`), the rest one by one.
+fn float<E: RowElem>(
+    k: &Kernels,
+    w: &[E],
+    pad: usize,
+    chunks: Range<usize>,
+    x: &[f32],
+    active: &[u32],
+    out: &mut [f32],
+) {
+    out.fill(0.0);
+    let rows = chunks.start * CHUNK..chunks.end * CHUNK;
+    let col = |c: u32| &w[c as usize * pad..][rows.clone()];
+    let active = match active.iter().position(|&c| c as usize >= x.len()) {
+        Some(n) => &active[..n],
+        None => active,
+    };
+    let mut quads = active.chunks_exact(4);
+    for q in quads.by_ref() {
+        let a = [q[0], q[1], q[2], q[3]];
+        k.axpy4::<E>()(out, a.map(|c| x[c as usize]), a.map(col));
+    }
+    for &c in quads.remainder() {
+        k.axpy::<E>()(out, x[c as usize], col(c));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    //! AVX-512 VNNI and AVX2 forms of the quantized product. Callers guarantee (see
+    //! `super::product`): `chunks` lies inside the matrix, `out` holds `chunks.len() * 64`
+    //! values, every active column is below `cols` and the input has every block.
+    //!
+    //! AVX2: per block and chunk of 64 rows, 16-bit accumulators in registers: a 4-bit weight
+    //! less 8 times an input (`|q_x| <= 127`) is at most 1016 in magnitude, so 32 columns sum to
+    //! at most 32512 and never overflow. Q8_0 products (at most 16256) are widened to 32 bits per
+    //! column.
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::{block_runs, column_bytes, plane_bytes, ColumnData, ColumnMatrix, CHUNK};
+    use crate::cpu::quant::{QuantKind, QuantizedRow, QK};
+
+    /// # Safety
+    /// AVX-512F/BW/VL/VNNI detected; the module's contract holds.
+    ///
+    /// Four active columns at a time: their 64-row chunks are widened to one byte per row
+    /// (`u`: Q4 values as stored, 0..15; Q8_0 values offset by 128), interleaved so that each
+    /// 32-bit lane holds one row's four bytes, and one `vpdpbusd` per 16 rows adds the four
+    /// products against the four inputs. The offset comes back out per block as
+    /// `off * sum(q_x)` (Q4_0: 8, Q8_0: 128; inactive inputs are 0). The lanes come out
+    /// grouped by 4 rows within each 128-bit lane and are put back in row order once per block.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(crate) unsafe fn product_vnni(
+        m: &ColumnMatrix,
+        chunks: Range<usize>,
+        x: &QuantizedRow,
+        active: &[u32],
+        out: &mut [f32],
+    ) {
+        let ColumnData::Quant {
+            kind,
+            scales,
+            values,
+        } = &m.data
+        else {
+            return;
+        };
+        let (kind, pad) = (*kind, m.pad);
+        let (cb, pb) = (column_bytes(kind, pad), plane_bytes(kind, pad));
+        let off = match kind {
+            QuantKind::Q4_0 => 8,
+            QuantKind::Q4_1 => 0,
+            QuantKind::Q8_0 => 128,
+        };
+        let shifts = _mm512_set_epi64(
+            0x0004_0004_0004_0004,
+            0x0004_0004_0004_0004,
+            0x0004_0004_0004_0004,
+            0x0004_0004_0004_0004,
+            0,
+            0,
+            0,
+            0,
+        );
+        let (m4, flip) = (_mm512_set1_epi8(0xF), _mm512_set1_epi8(-128));
+        out.fill(0.0);
+        // Per quad of active columns: their offsets in `values` and the four inputs as bytes.
+        let mut quads = [([0usize; 4], 0i32); QK / 4];
+        for run in block_runs(active) {
+            let b = run[0] as usize / QK;
+            let plane = scales[b * pb..].as_ptr();
+            let nq = run.len().div_ceil(4);
+            for (q, cols) in quads.iter_mut().zip(run.chunks(4)) {
+                let mut xs = 0u32;
+                for j in 0..4 {
+                    // A missing fourth column reads the first one's bytes with input 0.
+                    let c = cols.get(j).map_or(cols[0], |&c| c) as usize;
+                    q.0[j] = c * cb;
+                    let xv = cols.get(j).map_or(0, |&c| x.q[c as usize]);
+                    xs |= u32::from(xv as u8) << (8 * j);
+                }
+                q.1 = xs as i32;
+            }
+            let back = _mm512_set1_epi32(off * x.sum[b]);
+            for (i, k) in chunks.clone().enumerate() {
+                let mut acc = [_mm512_setzero_si512(); 4];
+                for &(offs, xs) in &quads[..nq] {
+                    let u: [__m512i; 4] = std::array::from_fn(|j| {
+                        if kind == QuantKind::Q8_0 {
+                            // SAFETY: the column holds `pad` bytes; chunk `k < pad / 64`.
+                            let v = unsafe {
+                                _mm512_loadu_si512(values.as_ptr().add(offs[j] + k * CHUNK).cast())
+                            };
+                            _mm512_xor_si512(v, flip)
+                        } else {
+                            // SAFETY: the column holds `pad / 2` bytes; chunk `k < pad / 64`.
+                            let v = unsafe {
+                                _mm256_loadu_si256(values.as_ptr().add(offs[j] + k * 32).cast())
+                            };
+                            let v = _mm512_broadcast_i64x4(v);
+                            _mm512_and_si512(_mm512_srlv_epi16(v, shifts), m4)
+                        }
+                    });
+                    let ab_lo = _mm512_unpacklo_epi8(u[0], u[1]);
+                    let ab_hi = _mm512_unpackhi_epi8(u[0], u[1]);
+                    let cd_lo = _mm512_unpacklo_epi8(u[2], u[3]);
+                    let cd_hi = _mm512_unpackhi_epi8(u[2], u[3]);
+                    let xv = _mm512_set1_epi32(xs);
+                    acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_unpacklo_epi16(ab_lo, cd_lo), xv);
+                    acc[1] = _mm512_dpbusd_epi32(acc[1], _mm512_unpackhi_epi16(ab_lo, cd_lo), xv);
+                    acc[2] = _mm512_dpbusd_epi32(acc[2], _mm512_unpacklo_epi16(ab_hi, cd_hi), xv);
+                    acc[3] = _mm512_dpbusd_epi32(acc[3], _mm512_unpackhi_epi16(ab_hi, cd_hi), xv);
+                }
+                // acc[j], 128-bit lane l holds rows 16 l + 4 j .. + 4: gather lane l of each.
+                let t0 = _mm512_shuffle_i64x2::<0x44>(acc[0], acc[1]);
+                let t1 = _mm512_shuffle_i64x2::<0x44>(acc[2], acc[3]);
+                let t2 = _mm512_shuffle_i64x2::<0xEE>(acc[0], acc[1]);
+                let t3 = _mm512_shuffle_i64x2::<0xEE>(acc[2], acc[3]);
+                let s = [
+                    _mm512_shuffle_i64x2::<0x88>(t0, t1),
+                    _mm512_shuffle_i64x2::<0xDD>(t0, t1),
+                    _mm512_shuffle_i64x2::<0x88>(t2, t3),
+                    _mm512_shuffle_i64x2::<0xDD>(t2, t3),
+                ]
+                .map(|v| _mm512_sub_epi32(v, back));
+                let (dx, sx) = (_mm512_set1_ps(x.d[b]), _mm512_set1_ps(x.s[b]));
+                for (g, &sg) in s.iter().enumerate() {
+                    let r = k * CHUNK + 16 * g;
+                    // SAFETY: row `r + 15 < pad`; the plane holds `pad` scales (Q4_1: then `pad`
+                    // minimums); `out` holds `chunks.len() * 64` values.
+                    unsafe {
+                        let o = out.as_mut_ptr().add(i * CHUNK + 16 * g);
+                        let d = _mm512_cvtph_ps(_mm256_loadu_si256(plane.add(2 * r).cast()));
+                        let sf = _mm512_cvtepi32_ps(sg);
+                        let acc = _mm512_loadu_ps(o);
+                        let v = if kind == QuantKind::Q4_1 {
+                            let mn = _mm512_cvtph_ps(_mm256_loadu_si256(
+                                plane.add(2 * (pad + r)).cast(),
+                            ));
+                            _mm512_add_ps(
+                                acc,
+                                _mm512_add_ps(
+                                    _mm512_mul_ps(_mm512_mul_ps(sf, d), dx),
+                                    _mm512_mul_ps(mn, sx),
+                                ),
+                            )
+                        } else {
+                            _mm512_fmadd_ps(sf, _mm512_mul_ps(d, dx), acc)
+                        };
+                        _mm512_storeu_ps(o, v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2, FMA and F16C detected; the module's contract holds.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn product_avx2(
+        m: &ColumnMatrix,
+        chunks: Range<usize>,
+        x: &QuantizedRow,
+        active: &[u32],
+        out: &mut [f32],
+    ) {
+        let ColumnData::Quant {
+            kind,
+            scales,
+            values,
+        } = &m.data
+        else {
+            return;
+        };
+        let (kind, pad) = (*kind, m.pad);
+        let (cb, pb) = (column_bytes(kind, pad), plane_bytes(kind, pad));
+        out.fill(0.0);
+        for run in block_runs(active) {
+            let b = run[0] as usize / QK;
+            let plane = scales[b * pb..].as_ptr();
+            for (i, k) in chunks.clone().enumerate() {
+                // Eight groups of 8 rows as i32.
+                let mut s = [_mm256_setzero_si256(); 8];
+                if kind == QuantKind::Q8_0 {
+                    for &c in run {
+                        let c = c as usize;
+                        let xb = _mm256_set1_epi16(x.q[c] as i16);
+                        for h in 0..4 {
+                            // SAFETY: column `c` holds `pad` bytes; 16 bytes at `64 k + 16 h`.
+                            let v = unsafe {
+                                _mm_loadu_si128(
+                                    values.as_ptr().add(c * cb + k * CHUNK + 16 * h).cast(),
+                                )
+                            };
+                            let p = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(v), xb);
+                            let a = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(p));
+                            let bq = _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(p));
+                            s[2 * h] = _mm256_add_epi32(s[2 * h], a);
+                            s[2 * h + 1] = _mm256_add_epi32(s[2 * h + 1], bq);
+                        }
+                    }
+                } else {
+                    let (m4, eight) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(8));
+                    let mut acc = [_mm256_setzero_si256(); 4];
+                    for &c in run {
+                        let c = c as usize;
+                        // SAFETY: column `c < cols` holds `pad / 2` bytes, chunk `k < pad / 64`.
+                        let v = unsafe {
+                            _mm256_loadu_si256(values.as_ptr().add(c * cb + k * 32).cast())
+                        };
+                        let ql = _mm256_sub_epi8(_mm256_and_si256(v, m4), eight);
+                        let qh =
+                            _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), eight);
+                        let xb = _mm256_set1_epi16(x.q[c] as i16);
+                        let parts = [
+                            _mm256_castsi256_si128(ql),
+                            _mm256_extracti128_si256::<1>(ql),
+                            _mm256_castsi256_si128(qh),
+                            _mm256_extracti128_si256::<1>(qh),
+                        ];
+                        for (a, p) in acc.iter_mut().zip(parts) {
+                            *a = _mm256_add_epi16(
+                                *a,
+                                _mm256_mullo_epi16(_mm256_cvtepi8_epi16(p), xb),
+                            );
+                        }
+                    }
+                    let back = _mm256_set1_epi32(if kind == QuantKind::Q4_1 {
+                        8 * x.sum[b]
+                    } else {
+                        0
+                    });
+                    for (j, p) in acc.into_iter().enumerate() {
+                        let a = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(p));
+                        let bq = _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(p));
+                        s[2 * j] = _mm256_add_epi32(a, back);
+                        s[2 * j + 1] = _mm256_add_epi32(bq, back);
+                    }
+                }
+                let (dx, sx) = (_mm256_set1_ps(x.d[b]), _mm256_set1_ps(x.s[b]));
+                for (g, &sg) in s.iter().enumerate() {
+                    let r = k * CHUNK + 8 * g;
+                    // SAFETY: row `r + 7 < pad`; the plane holds `pad` scales (Q4_1: then `pad`
+                    // minimums); `out` holds `chunks.len() * 64` values.
+                    unsafe {
+                        let o = out.as_mut_ptr().add(i * CHUNK + 8 * g);
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(plane.add(2 * r).cast()));
+                        let sf = _mm256_cvtepi32_ps(sg);
+                        let acc = _mm256_loadu_ps(o);
+                        let v = if kind == QuantKind::Q4_1 {
+                            let mn =
+                                _mm256_cvtph_ps(_mm_loadu_si128(plane.add(2 * (pad + r)).cast()));
+                            _mm256_add_ps(
+                                acc,
+                                _mm256_add_ps(
+                                    _mm256_mul_ps(_mm256_mul_ps(sf, d), dx),
+                                    _mm256_mul_ps(mn, sx),
+                                ),
+                            )
+                        } else {
+                            _mm256_fmadd_ps(sf, _mm256_mul_ps(d, dx), acc)
+                        };
+                        _mm256_storeu_ps(o, v);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! `InputSparseFfn` against dense references: on GGUF blocks, the FFN over masked inputs is the
+//! dense `QLinear` FFN over the same masked inputs bit for bit (every threshold 0: the dense FFN
+//! itself), on every tier and thread count; float storage against candle's dense FFN on masked
+//! inputs; the rule, calibration, byte accounting and bad input.
+
+mod common;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use common::*;
+use powerinfer::{
+    dense_reference, Activation, ColumnStorage, CpuTier, FfnSpec, FfnWeights, InputScore,
+    InputSparseFfn, InputThresholds, QLinear, QuantizedRow,
+};
+use proptest::prelude::*;
+use rand::{rngs::StdRng, SeedableRng};
+
+const KINDS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+
+fn mask(x: &[f32], w: Option<&[f32]>, t: f32) -> Vec<f32> {
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let s = v.abs() * w.map_or(1.0, |w| w[i]);
+            if s > t {
+                v
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+fn quantized(x: &[f32]) -> QuantizedRow {
+    let mut q = QuantizedRow::default();
+    q.quantize(x);
+    q
+}
+
+/// Column norms of a `[rows, cols]` f32 matrix.
+fn norms(t: &Tensor) -> Vec<f32> {
+    let t2 = t.sqr().unwrap().sum(0).unwrap().sqrt().unwrap();
+    flat(&t2)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_quant(
+    hidden_blocks: usize,
+    inter_blocks: usize,
+    kind: usize,
+    rows: usize,
+    t: [f32; 3],
+    wina: bool,
+    threads: usize,
+    seed: u64,
+) {
+    let (h, n) = (32 * hidden_blocks, 32 * inter_blocks);
+    let spec = FfnSpec::new(h, n, Activation::Silu, true).unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dt = KINDS[kind];
+    let w = Weights::random(&spec, seed);
+    let q = |t: &Tensor| QTensor::quantize(t, dt).unwrap();
+    let (qg, qu, qd) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));
+    let deq = |q: &QTensor| q.dequantize(&Device::Cpu).unwrap();
+    let (ng, nu, nd) = (norms(&deq(&qg)), norms(&deq(&qu)), norms(&deq(&qd)));
+    let x = flat(&tensor(&mut rng, &[rows, h], 1.0));
+    let score = if wina {
+        InputScore::Wina
+    } else {
+        InputScore::Magnitude
+    };
+    let th = InputThresholds {
+        gate: t[0],
+        up: t[1],
+        down: t[2],
+    };
+    // Reference: the dense QLinear FFN on the masked rows.
+    let gl = QLinear::new(&qg, None, 1).unwrap();
+    let ul = QLinear::new(&qu, None, 1).unwrap();
+    let dl = QLinear::new(&qd, None, 1).unwrap();
+    let mut want = Vec::new();
+    let (mut g, mut u, mut y) = (vec![0f32; n], vec![0f32; n], vec![0f32; h]);
+    let pick = |v: &[f32]| wina.then(|| v.to_vec());
+    for xr in x.chunks(h) {
+        let xg = quantized(&mask(xr, pick(&ng).as_deref(), t[0]));
+        let xu = quantized(&mask(xr, pick(&nu).as_deref(), t[1]));
+        gl.forward_quantized(&[xg], &mut g, &mut Vec::new())
+            .unwrap();
+        ul.forward_quantized(&[xu], &mut u, &mut Vec::new())
+            .unwrap();
+        let hv: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| Activation::Silu.gated(g, u))
+            .collect();
+        let hq = quantized(&mask(&hv, pick(&nd).as_deref(), t[2]));
+        dl.forward_quantized(&[hq], &mut y, &mut Vec::new())
+            .unwrap();
+        want.extend(y.iter().map(|v| v.to_bits()));
+    }
+    for tier in CpuTier::supported() {
+        let mut f =
+            InputSparseFfn::from_qtensors(spec, Some(&qg), &qu, &qd, threads, Some(tier)).unwrap();
+        f.set_rule(score, th).unwrap();
+        let mut out = vec![0f32; rows * h];
+        f.forward_f32(&x, rows, &mut out).unwrap();
+        let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(
+            got, want,
+            "{dt:?} {h}x{n} {rows} rows, {t:?}, wina {wina}, {threads} threads, {tier}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #[test]
+    fn quantized_ffn_is_the_dense_ffn_on_masked_inputs(
+        hb in 1usize..4, ib in 1usize..5, kind in 0usize..3, rows in 1usize..4,
+        tg in 0.0f32..0.8, tu in 0.0f32..0.8, td in 0.0f32..0.05, wina in any::<bool>(),
+        threads in 1usize..4, seed in any::<u64>(),
+    ) {
+        check_quant(hb, ib, kind, rows, [tg, tu, td], wina, threads, seed);
+    }
+
+    #[test]
+    fn float_ffn_matches_candle_on_masked_inputs(
+        h in 1usize..70, n in 1usize..90, storage in 0usize..3, rows in 1usize..4,
+        t in 0.0f32..0.6, threads in 1usize..3, seed in any::<u64>(),
+    ) {
+        let spec = FfnSpec::new(h, n, Activation::Silu, true).unwrap();
+        let w = Weights::random(&spec, seed);
+        let st = [ColumnStorage::F32, ColumnStorage::F16, ColumnStorage::BF16][storage];
+        let mut f = InputSparseFfn::from_weights(spec, w.view(), st, threads, None).unwrap();
+        f.set_rule(InputScore::Magnitude, InputThresholds { gate: t, up: t, down: 0.0 }).unwrap();
+        let mut rng = StdRng::seed_from_u64(seed ^ 1);
+        let x = flat(&tensor(&mut rng, &[rows, h], 1.0));
+        let mut out = vec![0f32; rows * h];
+        f.forward_f32(&x, rows, &mut out).unwrap();
+        // Reference: candle's dense FFN in f32 on the stored (rounded) weights, masked input.
+        let round = |t: &Tensor| t.to_dtype(st_dtype(st)).unwrap().to_dtype(candle_core::DType::F32).unwrap();
+        let (g, u, d) = (round(w.gate.as_ref().unwrap()), round(&w.up), round(&w.down));
+        let xm = Tensor::from_vec(mask(&x, None, t), (rows, h), &Device::Cpu).unwrap();
+        let want = dense_reference(&xm, &spec, FfnWeights::gated(&g, &u, &d)).unwrap();
+        let got = Tensor::from_vec(out, (rows, h), &Device::Cpu).unwrap();
+        let e = rel_err(&got, &want);
+        prop_assert!(e <= 1e-4, "{st:?}: rel err {e}");
+    }
+}
+
+fn st_dtype(s: ColumnStorage) -> candle_core::DType {
+    match s {
+        ColumnStorage::F16 => candle_core::DType::F16,
+        ColumnStorage::BF16 => candle_core::DType::BF16,
+        _ => candle_core::DType::F32,
+    }
+}
+
+#[test]
+fn edge_shapes() {
+    for (hb, ib) in [(1, 1), (1, 2), (2, 1), (3, 3)] {
+        for kind in 0..3 {
+            for t in [[0.0; 3], [0.5, 0.2, 0.01], [10.0, 10.0, 10.0]] {
+                check_quant(hb, ib, kind, 2, t, false, 2, (hb * 7 + ib) as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn calibration_thresholds_drop_the_asked_fraction_and_bytes_follow() {
+    let spec = FfnSpec::new(128, 256, Activation::Silu, true).unwrap();
+    let w = Weights::random(&spec, 5);
+    let q = |t: &Tensor| QTensor::quantize(t, GgmlDType::Q4_1).unwrap();
+    let mut f = InputSparseFfn::from_qtensors(
+        spec,
+        Some(&q(w.gate.as_ref().unwrap())),
+        &q(&w.up),
+        &q(&w.down),
+        2,
+        None,
+    )
+    .unwrap();
+    let mut rng = StdRng::seed_from_u64(6);
+    let x = flat(&tensor(&mut rng, &[64, 128], 1.0));
+    let mut out = vec![0f32; x.len()];
+    f.record_scores();
+    f.forward_f32(&x, 64, &mut out).unwrap();
+    let scores = f.take_scores().unwrap();
+    assert_eq!(scores.gate.count(), 64 * 128);
+    assert_eq!(scores.down.count(), 64 * 256);
+
+    let dense = f.take_traffic();
+    assert_eq!(dense.rows, 64);
+    // Dense: only inputs that quantize to 0 are skipped (exactly: they add nothing).
+    assert!(
+        (0.0..0.05).contains(&dense.skipped()),
+        "dense skipped {}",
+        dense.skipped()
+    );
+    let t = scores.thresholds([0.5, 0.5, 0.5]).unwrap();
+    f.set_rule(InputScore::Magnitude, t).unwrap();
+    f.forward_f32(&x, 64, &mut out).unwrap();
+    let sparse = f.take_traffic();
+    // Half the values dropped (to the histogram's 1/16-octave resolution); the scale planes of
+    // Q4_1 (4 of every 20 bytes) are still read.
+    let s = sparse.skipped();
+    assert!((0.3..0.5).contains(&s), "skipped {s}");
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let spec = FfnSpec::new(32, 64, Activation::Silu, true).unwrap();
+    let w = Weights::random(&spec, 1);
+    let q = |t: &Tensor| QTensor::quantize(t, GgmlDType::Q8_0).unwrap();
+    let (g, u, d) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));
+    let mut f = InputSparseFfn::from_qtensors(spec, Some(&g), &u, &d, 1, None).unwrap();
+    let msg = |e: powerinfer::Error| e.to_string();
+    let mut out = vec![0f32; 32];
+    let mut x = vec![0.1f32; 32];
+    assert!(msg(f.forward_f32(&x[..31], 1, &mut out).unwrap_err()).contains("input"));
+    assert!(msg(f.forward_f32(&x, 1, &mut out[..3]).unwrap_err()).contains("output"));
+    x[3] = f32::NAN;
+    assert!(msg(f.forward_f32(&x, 1, &mut out).unwrap_err()).contains("NaN"));
+    for bad in [-1.0, f32::NAN, f32::INFINITY] {
+        let t = InputThresholds {
+            gate: 0.0,
+            up: bad,
+            down: 0.0,
+        };
+        assert!(msg(f.set_rule(InputScore::Wina, t).unwrap_err()).contains("up threshold"));
+    }
+    assert!(
+        msg(InputSparseFfn::from_qtensors(spec, Some(&g), &d, &d, 1, None).unwrap_err())
+            .contains("up_proj")
+    );
+    assert!(
+        msg(InputSparseFfn::from_qtensors(spec, None, &u, &d, 1, None).unwrap_err())
+            .contains("gate")
+    );
+    assert!(
+        msg(InputSparseFfn::from_qtensors(spec, Some(&g), &u, &d, 0, None).unwrap_err())
+            .contains("threads")
+    );
+    let f16 = QTensor::quantize(w.gate.as_ref().unwrap(), GgmlDType::F16).unwrap();
+    assert!(
+        msg(InputSparseFfn::from_qtensors(spec, Some(&f16), &u, &d, 1, None).unwrap_err())
+            .contains("Q4_0, Q4_1 and Q8_0")
+    );
+    assert!(InputScore::from_name("relu").is_err());
+}
