@@ -61,7 +61,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(15);
-    let (hidden, inter) = (4096usize, 11008usize);
+    // `BENCH_SHAPE=smollm2`: SmolLM2-135M's FFN (576 x 1536, Q4_1) over 30 layers instead.
+    let small = std::env::var("BENCH_SHAPE").as_deref() == Ok("smollm2");
+    let (hidden, inter, layers_n, gdt, qk) = if small {
+        (576usize, 1536usize, 30usize, GgmlDType::Q4_1, QuantKind::Q4_1)
+    } else {
+        (4096, 11008, 4, GgmlDType::Q4_0, QuantKind::Q4_0)
+    };
+    let qname = format!("{gdt:?}").to_lowercase();
     let tier = CpuTier::from_env()?.unwrap_or_else(CpuTier::best);
     let k = Kernels::new(tier)?;
     println!(
@@ -101,10 +108,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
 
-    // ---- Q4_0 ----
-    // Four layers' weights, used in turn, so that every product reads DRAM (one layer's 76 MB
-    // would sit in a large L3 and flatter both sides).
-    const LAYERS: usize = 4;
+    // ---- GGUF blocks ----
+    // Several layers' weights, used in turn, so that every product reads DRAM (one 7B layer's
+    // 76 MB would sit in a large L3 and flatter both sides).
+    let layers_total = layers_n;
     let spec = FfnSpec::new(hidden, inter, Activation::Silu, true)?;
     struct Layer {
         gu_lin: QLinear,
@@ -114,16 +121,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ffn: InputSparseFfn,
     }
     let mut layers = Vec::new();
-    for l in 0..LAYERS {
+    for l in 0..layers_total {
         let shift = |t: &Tensor| t + 0.001 * l as f64;
-        let qg = QTensor::quantize(&shift(&gate)?, GgmlDType::Q4_0)?;
-        let qu = QTensor::quantize(&shift(&up)?, GgmlDType::Q4_0)?;
-        let qd = QTensor::quantize(&shift(&down)?, GgmlDType::Q4_0)?;
+        let qg = QTensor::quantize(&shift(&gate)?, gdt)?;
+        let qu = QTensor::quantize(&shift(&up)?, gdt)?;
+        let qd = QTensor::quantize(&shift(&down)?, gdt)?;
         layers.push(Layer {
             gu_lin: QLinear::stacked(&[&qg, &qu], None, 1)?.with_cpu_tier(tier)?,
             down_lin: QLinear::stacked(&[&qd], None, 1)?.with_cpu_tier(tier)?,
-            cg: ColumnMatrix::from_blocks(QuantKind::Q4_0, inter, hidden, &qg.data()?)?,
-            cu: ColumnMatrix::from_blocks(QuantKind::Q4_0, inter, hidden, &qu.data()?)?,
+            cg: ColumnMatrix::from_blocks(qk, inter, hidden, &qg.data()?)?,
+            cu: ColumnMatrix::from_blocks(qk, inter, hidden, &qu.data()?)?,
             ffn: InputSparseFfn::from_qtensors(spec, Some(&qg), &qu, &qd, 1, Some(tier))?,
         });
     }
@@ -138,7 +145,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     let dense_gu = time_ms(iters, |i| {
-        layers[i % LAYERS]
+        layers[i % layers_total]
             .gu_lin
             .forward_quantized(std::slice::from_ref(&qrows[i % 8]), &mut gu, &mut tmp)
             .unwrap()
@@ -158,20 +165,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut out = vec![0f32; layers[0].cg.chunks() * CHUNK];
         let ours = time_ms(iters, |i| {
             let (x, q, a) = &ins[i % 8];
-            let l = &layers[i % LAYERS];
+            let l = &layers[i % layers_total];
             k.columns(&l.cg, 0..l.cg.chunks(), x, q, a, &mut out);
             k.columns(&l.cu, 0..l.cu.chunks(), x, q, a, &mut out);
         });
         let a = &ins[0].2;
         let bytes = 2 * layers[0].cg.bytes_read(a.columns().len(), a.blocks());
-        line("gate_up", "q4_0", kept, dense_gu, ours, bytes, bw);
+        line("gate_up", &qname, kept, dense_gu, ours, bytes, bw);
     }
     // The whole FFN, every neuron on QLinear against the input-sparse FFN.
     let mut h = vec![0f32; inter];
     let mut hq = QuantizedRow::default();
     let mut y = vec![0f32; hidden];
     let dense_ffn = time_ms(iters, |i| {
-        let l = &layers[i % LAYERS];
+        let l = &layers[i % layers_total];
         l.gu_lin
             .forward_quantized(std::slice::from_ref(&qrows[i % 8]), &mut gu, &mut tmp)
             .unwrap();
@@ -184,8 +191,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap();
     });
     let mut ffns: Vec<&mut InputSparseFfn> = layers.iter_mut().map(|l| &mut l.ffn).collect();
-    ffn_case(&mut ffns, "q4_0", &xs, dense_ffn, iters, bw)?;
+    ffn_case(&mut ffns, &qname, &xs, dense_ffn, iters, bw)?;
 
+    if small {
+        return Ok(());
+    }
     // ---- f16 ----
     let to16 = |t: &Tensor| -> Vec<half::f16> {
         t.flatten_all()

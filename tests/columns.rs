@@ -144,6 +144,16 @@ fn edge_shapes() {
 }
 
 #[test]
+fn tall_matrices_cross_tiles() {
+    // More than one tile of chunks (the AVX-512 kernel reads 64 chunks per tile), split anywhere.
+    for kind in 0..3 {
+        for (rows, split) in [(64 * 64, 64), (64 * 65 + 3, 33), (64 * 130 - 1, 65)] {
+            check_quantized(rows, 2, kind, 0.5, split, (rows + kind) as u64);
+        }
+    }
+}
+
+#[test]
 fn column_norms_and_bytes() {
     let mut rng = StdRng::seed_from_u64(3);
     let (rows, cols) = (70, 64);

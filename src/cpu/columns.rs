@@ -33,6 +33,14 @@ use crate::error::{Error, Result};
 /// Rows per chunk: columns are padded to a multiple of it, and threads split the rows by chunks.
 pub const CHUNK: usize = 64;
 
+/// Chunks per tile of the AVX-512 kernel: a column is read 2 KiB (Q4) at a time.
+#[cfg(target_arch = "x86_64")]
+const TILE: usize = 64;
+
+/// Columns ahead whose bytes the AVX-512 kernel asks for while it computes.
+#[cfg(target_arch = "x86_64")]
+const AHEAD: usize = 16;
+
 /// The stored weights of a [`ColumnMatrix`].
 #[derive(Clone)]
 pub(crate) enum ColumnData {
@@ -536,7 +544,9 @@ pub(crate) mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{block_runs, column_bytes, plane_bytes, ColumnData, ColumnMatrix, CHUNK};
+    use super::{
+        block_runs, column_bytes, plane_bytes, ColumnData, ColumnMatrix, AHEAD, CHUNK, TILE,
+    };
     use crate::cpu::quant::{QuantKind, QuantizedRow, QK};
 
     /// # Safety
@@ -585,10 +595,13 @@ pub(crate) mod x86 {
         out.fill(0.0);
         // Per quad of active columns: their offsets in `values` and the four inputs as bytes.
         let mut quads = [([0usize; 4], 0i32); QK / 4];
+        let mut pos = 0;
         for run in block_runs(active) {
             let b = run[0] as usize / QK;
             let plane = scales[b * pb..].as_ptr();
             let nq = run.len().div_ceil(4);
+            let run_pos = pos;
+            pos += run.len();
             for (q, cols) in quads.iter_mut().zip(run.chunks(4)) {
                 let mut xs = 0u32;
                 for j in 0..4 {
@@ -601,72 +614,89 @@ pub(crate) mod x86 {
                 q.1 = xs as i32;
             }
             let back = _mm512_set1_epi32(off * x.sum[b]);
-            for (i, k) in chunks.clone().enumerate() {
-                let mut acc = [_mm512_setzero_si512(); 4];
-                for &(offs, xs) in &quads[..nq] {
-                    let u: [__m512i; 4] = std::array::from_fn(|j| {
-                        if kind == QuantKind::Q8_0 {
-                            // SAFETY: the column holds `pad` bytes; chunk `k < pad / 64`.
-                            let v = unsafe {
-                                _mm512_loadu_si512(values.as_ptr().add(offs[j] + k * CHUNK).cast())
-                            };
-                            _mm512_xor_si512(v, flip)
-                        } else {
-                            // SAFETY: the column holds `pad / 2` bytes; chunk `k < pad / 64`.
-                            let v = unsafe {
-                                _mm256_loadu_si256(values.as_ptr().add(offs[j] + k * 32).cast())
-                            };
-                            let v = _mm512_broadcast_i64x4(v);
-                            _mm512_and_si512(_mm512_srlv_epi16(v, shifts), m4)
-                        }
-                    });
-                    let ab_lo = _mm512_unpacklo_epi8(u[0], u[1]);
-                    let ab_hi = _mm512_unpackhi_epi8(u[0], u[1]);
-                    let cd_lo = _mm512_unpacklo_epi8(u[2], u[3]);
-                    let cd_hi = _mm512_unpackhi_epi8(u[2], u[3]);
+            let (dx, sx) = (_mm512_set1_ps(x.d[b]), _mm512_set1_ps(x.s[b]));
+            // Tiles of chunks: each column is read as one contiguous stretch per tile (the
+            // prefetcher follows it), the tile's sums wait in `acc`.
+            for tile_start in chunks.clone().step_by(TILE) {
+                let tile = tile_start..(tile_start + TILE).min(chunks.end);
+                let mut acc = [[_mm512_setzero_si512(); 4]; TILE];
+                for (qi, &(offs, xs)) in quads[..nq].iter().enumerate() {
+                    // Columns are short (a few hundred bytes): start loading the columns two
+                    // quads ahead, this tile's part of them, while this quad computes.
+                    let (lo, hi) = (tile.start * cb / m.chunks(), tile.end * cb / m.chunks());
+                    for &c in active.iter().skip(run_pos + 4 * qi + AHEAD).take(4) {
+                        let c = c as usize * cb;
+                        crate::cpu::prefetch_l2(&values[c + lo..c + hi]);
+                    }
                     let xv = _mm512_set1_epi32(xs);
-                    acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_unpacklo_epi16(ab_lo, cd_lo), xv);
-                    acc[1] = _mm512_dpbusd_epi32(acc[1], _mm512_unpackhi_epi16(ab_lo, cd_lo), xv);
-                    acc[2] = _mm512_dpbusd_epi32(acc[2], _mm512_unpacklo_epi16(ab_hi, cd_hi), xv);
-                    acc[3] = _mm512_dpbusd_epi32(acc[3], _mm512_unpackhi_epi16(ab_hi, cd_hi), xv);
+                    for (a, k) in acc.iter_mut().zip(tile.clone()) {
+                        let u: [__m512i; 4] = std::array::from_fn(|j| {
+                            if kind == QuantKind::Q8_0 {
+                                // SAFETY: the column holds `pad` bytes; chunk `k < pad / 64`.
+                                let v = unsafe {
+                                    _mm512_loadu_si512(
+                                        values.as_ptr().add(offs[j] + k * CHUNK).cast(),
+                                    )
+                                };
+                                _mm512_xor_si512(v, flip)
+                            } else {
+                                // SAFETY: the column holds `pad / 2` bytes; chunk `k < pad / 64`.
+                                let v = unsafe {
+                                    _mm256_loadu_si256(values.as_ptr().add(offs[j] + k * 32).cast())
+                                };
+                                let v = _mm512_broadcast_i64x4(v);
+                                _mm512_and_si512(_mm512_srlv_epi16(v, shifts), m4)
+                            }
+                        });
+                        let ab_lo = _mm512_unpacklo_epi8(u[0], u[1]);
+                        let ab_hi = _mm512_unpackhi_epi8(u[0], u[1]);
+                        let cd_lo = _mm512_unpacklo_epi8(u[2], u[3]);
+                        let cd_hi = _mm512_unpackhi_epi8(u[2], u[3]);
+                        a[0] = _mm512_dpbusd_epi32(a[0], _mm512_unpacklo_epi16(ab_lo, cd_lo), xv);
+                        a[1] = _mm512_dpbusd_epi32(a[1], _mm512_unpackhi_epi16(ab_lo, cd_lo), xv);
+                        a[2] = _mm512_dpbusd_epi32(a[2], _mm512_unpacklo_epi16(ab_hi, cd_hi), xv);
+                        a[3] = _mm512_dpbusd_epi32(a[3], _mm512_unpackhi_epi16(ab_hi, cd_hi), xv);
+                    }
                 }
-                // acc[j], 128-bit lane l holds rows 16 l + 4 j .. + 4: gather lane l of each.
-                let t0 = _mm512_shuffle_i64x2::<0x44>(acc[0], acc[1]);
-                let t1 = _mm512_shuffle_i64x2::<0x44>(acc[2], acc[3]);
-                let t2 = _mm512_shuffle_i64x2::<0xEE>(acc[0], acc[1]);
-                let t3 = _mm512_shuffle_i64x2::<0xEE>(acc[2], acc[3]);
-                let s = [
-                    _mm512_shuffle_i64x2::<0x88>(t0, t1),
-                    _mm512_shuffle_i64x2::<0xDD>(t0, t1),
-                    _mm512_shuffle_i64x2::<0x88>(t2, t3),
-                    _mm512_shuffle_i64x2::<0xDD>(t2, t3),
-                ]
-                .map(|v| _mm512_sub_epi32(v, back));
-                let (dx, sx) = (_mm512_set1_ps(x.d[b]), _mm512_set1_ps(x.s[b]));
-                for (g, &sg) in s.iter().enumerate() {
-                    let r = k * CHUNK + 16 * g;
-                    // SAFETY: row `r + 15 < pad`; the plane holds `pad` scales (Q4_1: then `pad`
-                    // minimums); `out` holds `chunks.len() * 64` values.
-                    unsafe {
-                        let o = out.as_mut_ptr().add(i * CHUNK + 16 * g);
-                        let d = _mm512_cvtph_ps(_mm256_loadu_si256(plane.add(2 * r).cast()));
-                        let sf = _mm512_cvtepi32_ps(sg);
-                        let acc = _mm512_loadu_ps(o);
-                        let v = if kind == QuantKind::Q4_1 {
-                            let mn = _mm512_cvtph_ps(_mm256_loadu_si256(
-                                plane.add(2 * (pad + r)).cast(),
-                            ));
-                            _mm512_add_ps(
-                                acc,
+                for (acc, k) in acc.iter().zip(tile.clone()) {
+                    let i = k - chunks.start;
+                    // acc[j], 128-bit lane l holds rows 16 l + 4 j .. + 4: gather lane l of each.
+                    let t0 = _mm512_shuffle_i64x2::<0x44>(acc[0], acc[1]);
+                    let t1 = _mm512_shuffle_i64x2::<0x44>(acc[2], acc[3]);
+                    let t2 = _mm512_shuffle_i64x2::<0xEE>(acc[0], acc[1]);
+                    let t3 = _mm512_shuffle_i64x2::<0xEE>(acc[2], acc[3]);
+                    let s = [
+                        _mm512_shuffle_i64x2::<0x88>(t0, t1),
+                        _mm512_shuffle_i64x2::<0xDD>(t0, t1),
+                        _mm512_shuffle_i64x2::<0x88>(t2, t3),
+                        _mm512_shuffle_i64x2::<0xDD>(t2, t3),
+                    ]
+                    .map(|v| _mm512_sub_epi32(v, back));
+                    for (g, &sg) in s.iter().enumerate() {
+                        let r = k * CHUNK + 16 * g;
+                        // SAFETY: row `r + 15 < pad`; the plane holds `pad` scales (Q4_1: then `pad`
+                        // minimums); `out` holds `chunks.len() * 64` values.
+                        unsafe {
+                            let o = out.as_mut_ptr().add(i * CHUNK + 16 * g);
+                            let d = _mm512_cvtph_ps(_mm256_loadu_si256(plane.add(2 * r).cast()));
+                            let sf = _mm512_cvtepi32_ps(sg);
+                            let acc = _mm512_loadu_ps(o);
+                            let v = if kind == QuantKind::Q4_1 {
+                                let mn = _mm512_cvtph_ps(_mm256_loadu_si256(
+                                    plane.add(2 * (pad + r)).cast(),
+                                ));
                                 _mm512_add_ps(
-                                    _mm512_mul_ps(_mm512_mul_ps(sf, d), dx),
-                                    _mm512_mul_ps(mn, sx),
-                                ),
-                            )
-                        } else {
-                            _mm512_fmadd_ps(sf, _mm512_mul_ps(d, dx), acc)
-                        };
-                        _mm512_storeu_ps(o, v);
+                                    acc,
+                                    _mm512_add_ps(
+                                        _mm512_mul_ps(_mm512_mul_ps(sf, d), dx),
+                                        _mm512_mul_ps(mn, sx),
+                                    ),
+                                )
+                            } else {
+                                _mm512_fmadd_ps(sf, _mm512_mul_ps(d, dx), acc)
+                            };
+                            _mm512_storeu_ps(o, v);
+                        }
                     }
                 }
             }

@@ -46,6 +46,27 @@ pub(crate) fn prefetch<T>(s: &[T]) {
     let _ = s;
 }
 
+/// Asks the CPU to start loading `s` into the L2 cache (a hint, as [`prefetch`]): for data
+/// needed a few hundred cycles from now, without holding L1 fill buffers for that long.
+#[inline(always)]
+pub(crate) fn prefetch_l2<T>(s: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = s.as_ptr().cast::<i8>();
+        let bytes = std::mem::size_of_val(s);
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: prefetch is a hint; it never faults, and this address lies inside `s`.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.add(off))
+            };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = s;
+}
+
 /// How many neurons ahead the row loops prefetch.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
 pub(crate) use packed::gemm;
