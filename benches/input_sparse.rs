@@ -64,7 +64,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `BENCH_SHAPE=smollm2`: SmolLM2-135M's FFN (576 x 1536, Q4_1) over 30 layers instead.
     let small = std::env::var("BENCH_SHAPE").as_deref() == Ok("smollm2");
     let (hidden, inter, layers_n, gdt, qk) = if small {
-        (576usize, 1536usize, 30usize, GgmlDType::Q4_1, QuantKind::Q4_1)
+        (
+            576usize,
+            1536usize,
+            30usize,
+            GgmlDType::Q4_1,
+            QuantKind::Q4_1,
+        )
     } else {
         (4096, 11008, 4, GgmlDType::Q4_0, QuantKind::Q4_0)
     };

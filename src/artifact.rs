@@ -27,6 +27,7 @@ use crate::activation::Activation;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::FfnSpec;
 use crate::hybrid::HybridFfn;
+use crate::input_sparse::{InputScore, InputThresholds};
 use crate::place::LayerPlacement;
 use crate::predict::LowRank;
 use crate::train::QUANTILE_STEPS;
@@ -34,8 +35,31 @@ use crate::train::{Trained, QUANTILE_MAX};
 
 /// Format name stored in the metadata.
 pub const ARTIFACT_FORMAT: &str = "powerinfer";
-/// Version this build writes and reads.
-pub const ARTIFACT_VERSION: u32 = 1;
+/// Version this build writes. Version 2 added the input-sparse rule (`meta.input_rule`);
+/// version 1 files still load (without one).
+pub const ARTIFACT_VERSION: u32 = 2;
+
+/// The input-sparse rule calibrated for the model: what `InputSparseFfn` runs in each layer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputRuleMeta {
+    /// The score (`teal` or `wina`, see [`InputScore::name`]).
+    pub score: String,
+    /// Target share of the FFN weight bytes skipped the thresholds were chosen for.
+    pub target: f64,
+    /// Fractions of the gate, up and down entries dropped in each layer.
+    pub allocation: [f64; 3],
+    /// Calibration tokens the score histograms came from.
+    pub tokens: u64,
+    /// Per layer.
+    pub thresholds: Vec<InputThresholds>,
+}
+
+impl InputRuleMeta {
+    /// The score as a type.
+    pub fn input_score(&self) -> Result<InputScore> {
+        InputScore::from_name(&self.score)
+    }
+}
 
 /// What the calibration run was.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -109,6 +133,9 @@ pub struct ArtifactMeta {
     pub calibration: CalibrationSummary,
     /// One entry per layer.
     pub layers: Vec<LayerMeta>,
+    /// The input-sparse rule (format version 2; `None` in version 1 files).
+    #[serde(default)]
+    pub input_rule: Option<InputRuleMeta>,
 }
 
 /// Per-layer tensors.
@@ -265,10 +292,10 @@ impl Artifact {
             ));
         }
         let version = info.get("format_version").map(String::as_str);
-        if version != Some(&ARTIFACT_VERSION.to_string()) {
+        if !matches!(version, Some("1" | "2")) {
             return Err(bad(
                 path,
-                format!("format_version {version:?}; this build reads version {ARTIFACT_VERSION}"),
+                format!("format_version {version:?}; this build reads versions 1 and 2"),
             ));
         }
         let meta: ArtifactMeta = serde_json::from_str(
@@ -389,6 +416,30 @@ impl Artifact {
             }
             LayerPlacement::new(lm.intermediate, t.hot.clone(), Some(l))
                 .map_err(|e| bad(path, e.to_string()))?;
+        }
+        if let Some(r) = &m.input_rule {
+            r.input_score().map_err(|e| bad(path, e.to_string()))?;
+            if r.thresholds.len() != m.layers.len() {
+                return Err(bad(
+                    path,
+                    format!(
+                        "input rule has {} layers of thresholds, the model {}",
+                        r.thresholds.len(),
+                        m.layers.len()
+                    ),
+                ));
+            }
+            let ok = |v: f32| v.is_finite() && v >= 0.0;
+            if let Some(l) = r
+                .thresholds
+                .iter()
+                .position(|t| !(ok(t.gate) && ok(t.up) && ok(t.down)))
+            {
+                return Err(bad(
+                    path,
+                    format!("input rule, layer {l}: thresholds must be finite and at least 0"),
+                ));
+            }
         }
         if m.hot_bytes + m.predictor_bytes > m.budget {
             return Err(bad(

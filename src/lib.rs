@@ -47,8 +47,8 @@ mod train;
 
 pub use activation::Activation;
 pub use artifact::{
-    activation_name, model_sha256, Artifact, ArtifactMeta, CalibrationSummary, LayerMeta,
-    LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
+    activation_name, model_sha256, Artifact, ArtifactMeta, CalibrationSummary, InputRuleMeta,
+    LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
 };
 pub use cpu::{
     attend, dequantize_row, dequantize_split_row, quantize_row_q8_0, share, split_row,

@@ -2,7 +2,8 @@
 
 use half::f16;
 use powerinfer::{
-    Artifact, ArtifactMeta, CalibrationSummary, ErrorKind, LayerMeta, LayerTensors, QUANTILE_STEPS,
+    Artifact, ArtifactMeta, CalibrationSummary, ErrorKind, InputRuleMeta, InputThresholds,
+    LayerMeta, LayerTensors, QUANTILE_STEPS,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -58,6 +59,19 @@ fn sample(layers: usize, hidden: usize, n: usize, rank: usize) -> Artifact {
                 val_mass: 0.95,
             })
             .collect(),
+        input_rule: Some(InputRuleMeta {
+            score: "teal".into(),
+            target: 0.25,
+            allocation: [0.19, 0.19, 0.375],
+            tokens: 2048,
+            thresholds: (0..layers)
+                .map(|l| InputThresholds {
+                    gate: 0.1 * l as f32,
+                    up: 0.2,
+                    down: 0.003,
+                })
+                .collect(),
+        }),
     };
     Artifact {
         meta,
@@ -91,6 +105,73 @@ fn round_trip_is_identical() {
     assert_eq!(pred.threshold(), 0.5);
     assert_eq!(b.placement(2).unwrap().hot(), a.layers[2].hot.as_slice());
     std::fs::remove_file(p).unwrap();
+}
+
+/// `a` saved with its metadata JSON edited by `edit` and the format version set to `version`.
+fn save_edited(
+    a: &Artifact,
+    name: &str,
+    version: &str,
+    edit: impl Fn(&mut serde_json::Value),
+) -> std::path::PathBuf {
+    let p = temp(name);
+    a.save(&p).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let md = header["__metadata__"].as_object_mut().unwrap();
+    let mut meta: serde_json::Value = serde_json::from_str(md["meta"].as_str().unwrap()).unwrap();
+    edit(&mut meta);
+    md.insert("meta".into(), serde_json::Value::String(meta.to_string()));
+    md.insert(
+        "format_version".into(),
+        serde_json::Value::String(version.into()),
+    );
+    let mut h = serde_json::to_vec(&header).unwrap();
+    while (8 + h.len()) % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(&bytes[8 + n..]);
+    std::fs::write(&p, out).unwrap();
+    p
+}
+
+#[test]
+fn version_1_loads_without_an_input_rule_and_bad_rules_are_refused() {
+    let a = sample(2, 32, 64, 4);
+    // A version 1 file: no `input_rule` in its metadata.
+    let p = save_edited(&a, "v1", "1", |m| {
+        m.as_object_mut().unwrap().remove("input_rule");
+    });
+    let b = Artifact::load(&p).unwrap();
+    assert_eq!(b.meta.input_rule, None);
+    assert_eq!(b.layers, a.layers);
+    let p3 = save_edited(&a, "v3", "3", |_| {});
+    assert!(artifact_error(&p3).contains("versions 1 and 2"));
+    let bad = [
+        ("score", serde_json::json!("relu")),
+        (
+            "thresholds",
+            serde_json::json!([{"gate": 0.0, "up": 0.0, "down": 0.0}]),
+        ),
+        (
+            "thresholds",
+            serde_json::json!([{"gate": -1.0, "up": 0.0, "down": 0.0}, {"gate": 0.0, "up": 0.0, "down": 0.0}]),
+        ),
+    ];
+    for (i, (field, v)) in bad.into_iter().enumerate() {
+        let p = save_edited(&a, &format!("badrule{i}"), "2", |m| {
+            m["input_rule"][field] = v.clone();
+        });
+        let msg = artifact_error(&p);
+        assert!(msg.contains("input") || msg.contains("relu"), "{msg}");
+        std::fs::remove_file(p).unwrap();
+    }
+    for p in [p, p3] {
+        std::fs::remove_file(p).unwrap();
+    }
 }
 
 #[test]

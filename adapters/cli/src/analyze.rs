@@ -207,6 +207,16 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
         })
         .collect();
     let (n_train, n_val) = trained.first().map_or((0, 0), |(_, a, b)| (*a, *b));
+    // The input-sparse rule, calibrated on the same threshold tokens (GGUF Q4_0/Q4_1/Q8_0 FFNs
+    // and float checkpoints; other block types have no column layout yet).
+    let threads = powerinfer::HybridOptions::default().threads;
+    let input_rule = match load(&path, &FfnMode::InputSparse { threads }) {
+        Ok(mut im) => Some(crate::input::default_rule(&mut im.model, head, a.ctx)?),
+        Err(e) => {
+            eprintln!("no input-sparse rule in the artifact: {e:#}");
+            None
+        }
+    };
     let artifact = Artifact {
         meta: ArtifactMeta {
             model_sha256: sha,
@@ -229,6 +239,7 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
                 seconds: t0.elapsed().as_secs_f64(),
             },
             layers: layers_meta,
+            input_rule,
         },
         layers,
     };

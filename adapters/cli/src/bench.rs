@@ -395,8 +395,8 @@ fn measure_input(
             threads: settings.threads,
         },
     )?;
-    let calib = corpus_tokens(&m.tok, 1790..=1999, settings.calibration_tokens)?;
-    crate::input::set_default(&mut m.model, &calib, 512)?;
+    let rule = crate::input::rule_for(&mut m, settings)?;
+    crate::input::apply(&mut m.model, &rule)?;
     let mut row = measure(&mut m.model, prompt, a.decode_tokens, a.runs, "input")?;
     m.model.clear_kv_cache();
     let mut next = argmax(m.model.forward_logits(prompt, 0)?);
@@ -509,8 +509,7 @@ fn print_table(
     }
     if let Some(s) = find("input").and_then(|r| r.ffn_bytes_skipped) {
         println!(
-            "input: {} rule, {:.1}% of the FFN weight bytes skipped per decoded token",
-            crate::input::DEFAULT_RULE.name(),
+            "input: {:.1}% of the FFN weight bytes skipped per decoded token",
             s * 100.0
         );
     }

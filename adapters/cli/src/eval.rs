@@ -11,7 +11,7 @@ use crate::analyze::picture_stem;
 use crate::common::{
     load, load_sparse, mean, model_path, spinner, text_tokens, Sparse, SparseSettings,
 };
-use crate::plots::{sparsity_perplexity, Series};
+use crate::plots::{bytes_perplexity, sparsity_perplexity, Series};
 use crate::EvalArgs;
 
 /// Perplexity of the sparse model as configured now, and its realized sparsity per layer.
@@ -251,13 +251,16 @@ fn input_sweep(
         crate::input::InputModel::load(path, settings.threads, settings.calibration_tokens, a.ctx)?;
     let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
     println!("rule  target  allocation (gate/up/down)  calib ppl  held-out ppl  vs dense  FFN bytes skipped");
+    let mut series = Vec::new();
     for &rule in &rules {
+        let mut points = Vec::new();
         for &s in &targets {
-            let (alloc, calib) = im.choose(rule, s, 1024)?;
-            im.set(rule, alloc)?;
+            let (score, alloc, calib) = im.choose(rule, s, 1024)?;
+            im.set(score, alloc)?;
             let pb = spinner(format!("{} at {:.0}%", rule.name(), s * 100.0));
             let (p, skipped) = im.perplexity(text)?;
             pb.finish_and_clear();
+            points.push((skipped, p));
             println!(
                 "{:<5} {:>5.0}%  {:>4.0}% / {:>3.0}% / {:>3.0}%          {calib:>9.3}  {p:>12.3}  {:>+7.2}%  {:>16.1}%",
                 rule.name(),
@@ -277,6 +280,32 @@ fn input_sweep(
                 })
             );
         }
+        series.push(Series {
+            name: match rule {
+                crate::input::Rule::HOnly => "|h| on down only".into(),
+                crate::input::Rule::Input(sc) => format!("{} (gate, up, down)", sc.name()),
+            },
+            points,
+        });
     }
+    let (dir, stem) = picture_stem(path);
+    let pictures = bytes_perplexity(
+        &dir,
+        &format!("{stem}.input-sweep"),
+        &format!(
+            "Input sparsity: FFN bytes skipped vs perplexity ({} held-out tokens)",
+            text.len()
+        ),
+        ppl_dense,
+        &series,
+    )?;
+    println!(
+        "pictures: {}",
+        pictures
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! choice of how a target FFN sparsity is split between gate, up and down, and its evaluation.
 
 use anyhow::{bail, Result};
-use powerinfer::{InputScore, InputScores, InputThresholds};
+use powerinfer::{InputRuleMeta, InputScore, InputScores, InputThresholds};
 use powerinfer_candle::{FfnMode, Llama};
 
 use crate::common::{corpus_tokens, load, spinner, Loaded};
@@ -85,11 +85,21 @@ impl InputModel {
     }
 
     /// For target `s`: the allocation with the lowest perplexity on the first `tokens` of the
-    /// calibration text (never the held-out text), and that perplexity.
-    pub fn choose(&mut self, score: InputScore, s: f64, tokens: usize) -> Result<([f64; 3], f64)> {
+    /// calibration text (never the held-out text), and that perplexity. `|h|` alone has one:
+    /// down drops `3 s` of its entries.
+    pub fn choose(
+        &mut self,
+        rule: Rule,
+        s: f64,
+        tokens: usize,
+    ) -> Result<(InputScore, [f64; 3], f64)> {
+        let (score, candidates) = match rule {
+            Rule::Input(score) => (score, allocations(s)),
+            Rule::HOnly => (InputScore::Magnitude, vec![[0.0, 0.0, (3.0 * s).min(0.95)]]),
+        };
         let text: Vec<u32> = self.calib.iter().copied().take(tokens).collect();
         let mut best: Option<([f64; 3], f64)> = None;
-        for alloc in allocations(s) {
+        for alloc in candidates {
             self.set(score, alloc)?;
             let p = self.m.model.perplexity(&text, self.ctx)?;
             if best.is_none_or(|(_, b)| p < b) {
@@ -97,7 +107,8 @@ impl InputModel {
             }
         }
         self.m.model.take_ffn_traffic();
-        best.ok_or_else(|| anyhow::anyhow!("no allocation"))
+        let (alloc, p) = best.ok_or_else(|| anyhow::anyhow!("no allocation"))?;
+        Ok((score, alloc, p))
     }
 
     /// Perplexity of `text` under the current rule and the share of FFN weight bytes skipped.
@@ -108,10 +119,32 @@ impl InputModel {
     }
 }
 
-/// Parses `teal,wina`.
-pub(crate) fn parse_rules(s: &str) -> Result<Vec<InputScore>> {
+/// A rule of the sweep: an input score with its allocation chosen on calibration text, or
+/// `|h|` on down alone (today's exact `|h|` thresholding, on the exact layout).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Rule {
+    /// Gate, up and down thresholded by this score.
+    Input(InputScore),
+    /// Only down, on `|h|`: gate and up read densely.
+    HOnly,
+}
+
+impl Rule {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::Input(s) => s.name(),
+            Rule::HOnly => "h",
+        }
+    }
+}
+
+/// Parses `teal,wina,h`.
+pub(crate) fn parse_rules(s: &str) -> Result<Vec<Rule>> {
     s.split(',')
-        .map(|r| InputScore::from_name(r.trim()).map_err(Into::into))
+        .map(|r| match r.trim() {
+            "h" => Ok(Rule::HOnly),
+            r => Ok(Rule::Input(InputScore::from_name(r)?)),
+        })
         .collect()
 }
 
@@ -127,16 +160,48 @@ pub(crate) fn parse_targets(s: &str) -> Result<Vec<f64>> {
     Ok(v)
 }
 
-/// Sets the default rule on `model` (calibrating on `calib`): what `bench` and the demo run.
-pub(crate) fn set_default(model: &mut Llama, calib: &[u32], ctx: usize) -> Result<()> {
+/// The default rule calibrated on `calib` (windows of `ctx`): per-layer thresholds of
+/// [`DEFAULT_RULE`] at [`DEFAULT_TARGET`], down taking 1.5x its share.
+pub(crate) fn default_rule(model: &mut Llama, calib: &[u32], ctx: usize) -> Result<InputRuleMeta> {
     let scores = model.record_input_scores(calib, ctx, DEFAULT_RULE)?;
     let alloc = allocations(DEFAULT_TARGET)[1];
-    let t: Vec<InputThresholds> = scores
+    let thresholds: Vec<InputThresholds> = scores
         .iter()
         .map(|s| s.thresholds(alloc))
         .collect::<Option<_>>()
         .ok_or_else(|| anyhow::anyhow!("no calibration scores"))?;
-    model.set_input_rule(DEFAULT_RULE, &t)?;
+    Ok(InputRuleMeta {
+        score: DEFAULT_RULE.name().into(),
+        target: DEFAULT_TARGET,
+        allocation: alloc,
+        tokens: calib.len() as u64,
+        thresholds,
+    })
+}
+
+/// Sets `rule` on every layer of `model`.
+pub(crate) fn apply(model: &mut Llama, rule: &InputRuleMeta) -> Result<()> {
+    model.set_input_rule(rule.input_score()?, &rule.thresholds)?;
     model.take_ffn_traffic();
     Ok(())
+}
+
+/// The rule `bench` and the demo run: the artifact's (`--powerinfer`, version 2) or the
+/// default calibrated now on `calibration` tokens of speeches up to 1999.
+pub(crate) fn rule_for(
+    m: &mut Loaded,
+    settings: &crate::common::SparseSettings,
+) -> Result<InputRuleMeta> {
+    if let Some(path) = &settings.artifact {
+        let a = powerinfer::Artifact::load(path)?;
+        if let Some(r) = a.meta.input_rule {
+            return Ok(r);
+        }
+        tracing::warn!(
+            "{} has no input rule (format version 1): calibrating",
+            path.display()
+        );
+    }
+    let calib = corpus_tokens(&m.tok, 1790..=1999, settings.calibration_tokens)?;
+    default_rule(&mut m.model, &calib, 512)
 }

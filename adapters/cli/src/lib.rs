@@ -231,8 +231,8 @@ pub struct EvalArgs {
     #[arg(long)]
     pub sweep: Option<String>,
     /// Evaluate the input-sparse FFN instead: these rules side by side (`teal`: `|x|`; `wina`:
-    /// `|x| * ||column||`), each calibrated on speeches up to 1999, at the targets of
-    /// `--input-sweep`.
+    /// `|x| * ||column||`; `h`: `|h|` on down alone), each calibrated on speeches up to 1999,
+    /// at the targets of `--input-sweep`; draws the picture next to the model.
     #[arg(long, value_name = "RULES")]
     pub input_rules: Option<String>,
     /// Target shares of the FFN weight bytes skipped for `--input-rules` (e.g. `0.1,0.2,0.3`).

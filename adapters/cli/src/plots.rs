@@ -103,7 +103,32 @@ pub fn sparsity_perplexity(
     dense_ppl: f64,
     series: &[Series],
 ) -> Result<Vec<PathBuf>> {
-    let fig = Sweep::new(title, dense_ppl, series).context("sparsity_perplexity")?;
+    let fig = Sweep::new(
+        title,
+        "FFN sparsity (% of neurons skipped)",
+        dense_ppl,
+        series,
+    )
+    .context("sparsity_perplexity")?;
+    save(dir, stem, &fig)
+}
+
+/// Perplexity against the share of FFN weight bytes skipped per token (%), one line per series
+/// (points: (share in [0, 1], perplexity)), the dense model as a dashed line.
+pub fn bytes_perplexity(
+    dir: &Path,
+    stem: &str,
+    title: &str,
+    dense_ppl: f64,
+    series: &[Series],
+) -> Result<Vec<PathBuf>> {
+    let fig = Sweep::new(
+        title,
+        "FFN weight bytes skipped per token (%)",
+        dense_ppl,
+        series,
+    )
+    .context("bytes_perplexity")?;
     save(dir, stem, &fig)
 }
 

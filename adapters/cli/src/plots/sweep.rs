@@ -12,6 +12,8 @@ use super::{decade_below, fmt_short, font, frame, log_label, Figure, Series, LOG
 
 pub(super) struct Sweep<'a> {
     title: &'a str,
+    /// What the x axis measures (a percentage).
+    x_desc: &'static str,
     dense: Option<f64>,
     /// Per series: name, points as (sparsity %, perplexity) sorted by sparsity.
     series: Vec<(&'a str, Vec<(f64, f64)>)>,
@@ -22,7 +24,12 @@ pub(super) struct Sweep<'a> {
 }
 
 impl<'a> Sweep<'a> {
-    pub(super) fn new(title: &'a str, dense_ppl: f64, series: &'a [Series]) -> Result<Self> {
+    pub(super) fn new(
+        title: &'a str,
+        x_desc: &'static str,
+        dense_ppl: f64,
+        series: &'a [Series],
+    ) -> Result<Self> {
         let valid = |s: f64, p: f64| s.is_finite() && p.is_finite() && p > 0.0;
         let mut skipped = 0;
         let series: Vec<(&str, Vec<(f64, f64)>)> = series
@@ -66,8 +73,9 @@ impl<'a> Sweep<'a> {
             (y0 - pad).max(0.0)..y1 + pad
         };
         let mut notes = vec![format!(
-            "Perplexity ({}) against the realized FFN sparsity{}.",
+            "Perplexity ({}) against the {}{}.",
             if log_y { "log scale" } else { "linear scale" },
+            x_desc.to_lowercase(),
             match dense {
                 Some(d) => format!("; dashed: the dense model, {d:.2}"),
                 None => "; the dense perplexity is not finite and not drawn".into(),
@@ -80,6 +88,7 @@ impl<'a> Sweep<'a> {
         }
         Ok(Self {
             title,
+            x_desc,
             dense,
             series,
             x: x0 - pad..x1 + pad,
@@ -103,7 +112,7 @@ impl<'a> Sweep<'a> {
             .build_cartesian_2d(RangedCoordf64::from(self.x.clone()), y)?;
         chart
             .configure_mesh()
-            .x_desc("FFN sparsity (% of neurons skipped)")
+            .x_desc(self.x_desc)
             .y_desc("perplexity")
             .x_label_formatter(&|v| format!("{v:.0}"))
             .y_labels(if self.log_y { LOG_TICKS } else { 10 })
