@@ -10,7 +10,8 @@ use half::{bf16, f16};
 
 use crate::activation::Activation;
 use crate::cpu::{
-    dequantize_row, dequantize_split_row, quantize_row_q8_0, split_row, QuantKind, QK,
+    dequantize_row, dequantize_split_row, quantize_row_q8_0, split_row, BundleData, BundleLayout,
+    BundleView, QuantKind, QK,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -64,8 +65,17 @@ impl FfnSpec {
     /// Bytes of one neuron's weights in `dtype` (what placing it in a tier costs). Quantized
     /// storage keeps gate and up rows in `dtype` and the down row in Q8_0.
     pub fn neuron_bytes(&self, dtype: WeightDType) -> usize {
-        (self.rows_per_neuron() - 1) * dtype.row_bytes(self.hidden)
-            + dtype.down().row_bytes(self.hidden)
+        let elem = match dtype {
+            WeightDType::F32 => 4,
+            WeightDType::F16 | WeightDType::BF16 => 2,
+            _ => 1,
+        };
+        self.layout(dtype).stride() * elem
+    }
+
+    /// Where each row of a neuron's bundle lies in `dtype` storage.
+    pub(crate) fn layout(&self, dtype: WeightDType) -> BundleLayout {
+        BundleLayout::new(self.hidden, self.gated, dtype.quant())
     }
 }
 
@@ -128,19 +138,6 @@ impl WeightDType {
             .into()),
         }
     }
-}
-
-/// Neuron-major weights in one of the storage dtypes.
-#[derive(Debug, Clone)]
-pub(crate) enum BundleData {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    /// Gate/up rows in `kind`, the down row in Q8_0, per neuron back to back.
-    Quant {
-        kind: QuantKind,
-        bytes: Vec<u8>,
-    },
 }
 
 /// The FFN weights of one layer, neuron-major: neuron `i` owns the contiguous slice
@@ -298,6 +295,19 @@ impl NeuronBundles {
         &self.spec
     }
 
+    /// The bundles as the kernels read them.
+    pub(crate) fn view(&self) -> BundleView<'_> {
+        BundleView {
+            data: &self.data,
+            layout: self.spec.layout(self.dtype()),
+            hidden: self.spec.hidden,
+            intermediate: self.spec.intermediate,
+            activation: self.spec.activation,
+            gate_bias: self.gate_bias.as_deref(),
+            up_bias: self.up_bias.as_deref(),
+        }
+    }
+
     /// Builds quantized bundles from GGUF tensors as a file holds them (`[out, in]`, candle's
     /// `QTensor`): gate and up rows keep their Q4_0 / Q4_1 / Q8_0 blocks byte for byte; the down
     /// matrix is transposed and re-quantized per row to Q8_0. Other block types are dequantized
@@ -402,14 +412,14 @@ impl NeuronBundles {
             BundleData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             BundleData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             BundleData::Quant { kind, bytes } => {
-                let (rg, rd) = (kind.row_bytes(h), QuantKind::Q8_0.row_bytes(h));
+                let lay = s.layout(self.dtype());
                 let mut out = vec![0f32; n * r * h];
-                for (i, b) in bytes.chunks_exact((r - 1) * rg + rd).enumerate() {
+                for (i, b) in bytes.chunks_exact(lay.stride()).enumerate() {
                     for k in 0..r {
                         let (src, kd) = if k < r - 1 {
-                            (&b[k * rg..(k + 1) * rg], *kind)
+                            (&b[k * lay.row..(k + 1) * lay.row], *kind)
                         } else {
-                            (&b[(r - 1) * rg..], QuantKind::Q8_0)
+                            (&b[lay.down_at()..], QuantKind::Q8_0)
                         };
                         dequantize_split_row(
                             kd,
@@ -477,16 +487,16 @@ fn interleave_quant(
     down_t: &[f32],
 ) -> Result<Vec<u8>> {
     let h = spec.hidden;
-    let (rg, rd) = (kind.row_bytes(h), QuantKind::Q8_0.row_bytes(h));
-    let stride = rows.len() * rg + rd;
-    let mut out = vec![0u8; spec.intermediate * stride];
-    let mut down = vec![0u8; rd];
-    for (i, b) in out.chunks_exact_mut(stride).enumerate() {
+    let lay = BundleLayout::new(h, spec.gated, Some(kind));
+    let mut out = vec![0u8; spec.intermediate * lay.stride()];
+    let mut down = vec![0u8; lay.down];
+    for (i, b) in out.chunks_exact_mut(lay.stride()).enumerate() {
         for (k, m) in rows.iter().enumerate() {
-            split_row(kind, &m[i * rg..(i + 1) * rg], &mut b[k * rg..(k + 1) * rg])?;
+            let (lo, hi) = (k * lay.row, (k + 1) * lay.row);
+            split_row(kind, &m[i * lay.row..(i + 1) * lay.row], &mut b[lo..hi])?;
         }
         quantize_row_q8_0(&down_t[i * h..(i + 1) * h], &mut down);
-        split_row(QuantKind::Q8_0, &down, &mut b[rows.len() * rg..])?;
+        split_row(QuantKind::Q8_0, &down, &mut b[lay.down_at()..])?;
     }
     Ok(out)
 }

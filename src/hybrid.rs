@@ -18,7 +18,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 use crate::input::{check_rows, to_tensor, with_f32};
 use crate::place::LayerPlacement;
-use crate::predict::contributions;
 use crate::predict::{ActiveSet, All, PredictInput, Predictor};
 use crate::profile::{ActivationStats, PredictorAudit};
 
@@ -402,7 +401,7 @@ impl HybridFfn {
         if let (Some(a), Some(t0)) = (audit.as_deref_mut().and_then(Option::as_mut), started) {
             a.totals.predict_time += t0.elapsed();
             a.totals.calls += 1;
-            contributions(&input, &mut a.h, &mut a.tmp);
+            input.dense_pass().contributions(&mut a.h, &mut a.tmp);
             let (set, tmp) = (&s.set, &a.tmp);
             let gate_rule = spec.gated && spec.activation.exact_zeros();
             // Inline rules keep exactly the pairs that pass them (see `Predictor::inline_threshold`).
@@ -427,7 +426,7 @@ impl HybridFfn {
         let threads = self.pool.threads();
         s.threads.resize_with(threads, ThreadScratch::default);
         let job = SparseJob {
-            bundles: &self.bundles,
+            bundles: self.bundles.view(),
             kernels: &self.kernels,
             x,
             rows,

@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 mod activation;
+mod active;
 mod artifact;
 mod cpu;
 mod error;
@@ -46,6 +47,7 @@ mod profile;
 mod train;
 
 pub use activation::Activation;
+pub use active::ActiveSet;
 pub use artifact::{
     activation_name, model_sha256, Artifact, ArtifactMeta, CalibrationSummary, InputRuleMeta,
     LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
@@ -65,7 +67,7 @@ pub use interop::{
 };
 pub use linear::QLinear;
 pub use place::{plan_placement, LayerPlacement, Placement};
-pub use predict::{ActiveSet, All, GateFirst, LowRank, Oracle, PredictInput, Predictor};
+pub use predict::{All, GateFirst, LowRank, Oracle, PredictInput, Predictor};
 pub use profile::{ActivationStats, Histogram, PredictorAudit};
 pub use train::{
     train_low_rank, PredictorQuality, Samples, TrainOptions, Trained, QUANTILE_MAX, QUANTILE_STEPS,

@@ -11,148 +11,10 @@ use std::sync::Mutex;
 
 use candle_core::{DType, Tensor};
 
-use crate::cpu::{share, Kernels, Pool};
+pub use crate::active::ActiveSet;
+use crate::cpu::{share, DensePass, Kernels, NeuronRow, Pool};
 use crate::error::{Error, ErrorKind, Result};
-use crate::ffn::{BundleData, NeuronBundles};
-
-/// The neurons to compute, per row of a batch, plus values a predictor already computed.
-///
-/// Rows are independent: neuron `i` contributes to row `r` only if it is in row `r`'s set. The
-/// FFN computes the union of all rows' sets once and masks per row.
-#[derive(Debug, Clone, Default)]
-pub struct ActiveSet {
-    rows: usize,
-    intermediate: usize,
-    words: usize,
-    all: bool,
-    mask: Vec<u64>,
-    union: Vec<u32>,
-    /// Pre-activations a predictor computed for every neuron: `[(neuron * slots + slot) * rows + row]`.
-    pub(crate) known: Vec<f32>,
-    pub(crate) slots: usize,
-    pub(crate) gate_slot: Option<usize>,
-    pub(crate) up_slot: Option<usize>,
-}
-
-impl ActiveSet {
-    /// An empty set; sized by [`ActiveSet::reset`].
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Empties the set for `rows` rows of an FFN with `intermediate` neurons. Reuses buffers.
-    pub fn reset(&mut self, rows: usize, intermediate: usize) {
-        self.rows = rows;
-        self.intermediate = intermediate;
-        self.words = intermediate.div_ceil(64);
-        self.all = false;
-        self.mask.clear();
-        self.mask.resize(rows * self.words, 0);
-        self.union.clear();
-        self.slots = 0;
-        self.gate_slot = None;
-        self.up_slot = None;
-    }
-
-    /// Marks `neuron` active for `row`.
-    pub fn insert(&mut self, row: usize, neuron: usize) -> Result<()> {
-        if neuron >= self.intermediate {
-            return Err(ErrorKind::NeuronOutOfRange {
-                layer: None,
-                neuron,
-                intermediate: self.intermediate,
-            }
-            .into());
-        }
-        if row >= self.rows {
-            return Err(Error::shape(
-                "active set row",
-                &[Some(self.rows)],
-                &[row + 1],
-            ));
-        }
-        self.mask[row * self.words + neuron / 64] |= 1 << (neuron % 64);
-        Ok(())
-    }
-
-    /// Marks every neuron active for every row.
-    pub fn fill_all(&mut self) {
-        self.all = true;
-    }
-
-    /// Rows in the batch.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Neurons in the layer.
-    pub fn intermediate(&self) -> usize {
-        self.intermediate
-    }
-
-    /// True when every neuron is active for every row.
-    pub fn is_all(&self) -> bool {
-        self.all
-    }
-
-    /// Whether `neuron` is active for `row`.
-    #[inline]
-    pub fn contains(&self, row: usize, neuron: usize) -> bool {
-        self.all || (self.mask[row * self.words + neuron / 64] >> (neuron % 64)) & 1 == 1
-    }
-
-    /// Active neurons of one row.
-    pub fn row_count(&self, row: usize) -> usize {
-        if self.all {
-            return self.intermediate;
-        }
-        self.mask[row * self.words..(row + 1) * self.words]
-            .iter()
-            .map(|w| w.count_ones() as usize)
-            .sum()
-    }
-
-    /// Sorted neurons active in at least one row (valid after the FFN has run the predictor).
-    pub fn union(&self) -> &[u32] {
-        &self.union
-    }
-
-    /// Builds the union from the per-row masks. Called by the FFN after prediction.
-    pub(crate) fn finish(&mut self) {
-        self.union.clear();
-        if self.all {
-            self.union.extend(0..self.intermediate as u32);
-            return;
-        }
-        for w in 0..self.words {
-            let mut bits = (0..self.rows).fold(0u64, |acc, r| acc | self.mask[r * self.words + w]);
-            while bits != 0 {
-                let b = bits.trailing_zeros() as usize;
-                self.union.push((w * 64 + b) as u32);
-                bits &= bits - 1;
-            }
-        }
-    }
-
-    /// Known gate value for (row, neuron), if the predictor computed it.
-    #[inline]
-    pub(crate) fn known_gate(&self, row: usize, neuron: usize) -> Option<f32> {
-        self.gate_slot
-            .map(|s| self.known[(neuron * self.slots + s) * self.rows + row])
-    }
-
-    /// Known up value for (row, neuron), if the predictor computed it.
-    #[inline]
-    pub(crate) fn known_up(&self, row: usize, neuron: usize) -> Option<f32> {
-        self.up_slot
-            .map(|s| self.known[(neuron * self.slots + s) * self.rows + row])
-    }
-
-    /// True when a predictor handed over gate or up values.
-    pub(crate) fn has_known(&self) -> bool {
-        self.slots > 0
-    }
-}
+use crate::ffn::NeuronBundles;
 
 /// What a predictor sees: the FFN input rows (f32, exactly the tensor the FFN gets) and, for
 /// predictors inside this crate, the layer's weights and kernels.
@@ -174,6 +36,18 @@ impl PredictInput<'_> {
     /// Row `r` of the input.
     pub fn row(&self, r: usize) -> &[f32] {
         &self.x[r * self.hidden..(r + 1) * self.hidden]
+    }
+
+    /// Every neuron's products for these rows (the dense pass, on the layer's kernels and pool).
+    pub(crate) fn dense_pass(&self) -> DensePass<'_> {
+        DensePass {
+            bundles: self.bundles.view(),
+            kernels: self.kernels,
+            pool: self.pool,
+            x: self.x,
+            xq: self.xq,
+            rows: self.rows,
+        }
     }
 }
 
@@ -276,147 +150,37 @@ impl GateFirst {
     }
 }
 
-/// Fills `out[(i * K + s) * rows + r] = row_{ks[s]}(neuron i) . x_r + bias_s[i]` for every neuron
-/// `i`, slot `s` and row `r`, in parallel, in one pass over the bundles. `ks[s]` is the row's
-/// position in the bundle (0 gate, 1 up for gated; 0 up for ungated).
-fn all_neurons<const K: usize>(
-    input: &PredictInput<'_>,
-    ks: [usize; K],
-    biases: [Option<&[f32]>; K],
-    out: &mut Vec<f32>,
-) {
-    let b = input.bundles;
-    let (h, n, rows) = (b.spec().hidden, b.spec().intermediate, input.rows);
-    out.clear();
-    out.resize(n * K * rows, 0.0);
-    let bias = |s: usize, i: usize| biases[s].map_or(0.0, |b| b[i]);
-    fn fill<E: crate::cpu::RowElem, const K: usize>(
-        w: &[E],
-        input: &PredictInput<'_>,
-        ks: [usize; K],
-        bias: &(dyn Fn(usize, usize) -> f32 + Sync),
-        out: &mut [f32],
-    ) {
-        let (h, rows, n) = (input.hidden, input.rows, input.bundles.spec().intermediate);
-        let stride = input.bundles.spec().rows_per_neuron() * h;
-        let dot = input.kernels.dot::<E>();
-        input.pool.run_chunks(out, n, K * rows, &|range, part| {
-            let end = range.end;
-            for (p, i) in range.enumerate() {
-                let ahead = i + crate::cpu::PREFETCH_AHEAD;
-                if ahead < end {
-                    crate::cpu::prefetch(
-                        &w[ahead * stride + ks[0] * h..ahead * stride + (ks[K - 1] + 1) * h],
-                    );
-                }
-                for (s, &k) in ks.iter().enumerate() {
-                    let row = &w[i * stride + k * h..i * stride + (k + 1) * h];
-                    for r in 0..rows {
-                        part[(p * K + s) * rows + r] = dot(row, input.row(r)) + bias(s, i);
-                    }
-                }
-            }
-        });
-    }
-    match &b.data {
-        BundleData::F32(w) => fill(w, input, ks, &bias, out),
-        BundleData::F16(w) => fill(w, input, ks, &bias, out),
-        BundleData::BF16(w) => fill(w, input, ks, &bias, out),
-        BundleData::Quant { kind, bytes } => {
-            let rg = kind.row_bytes(h);
-            let stride =
-                (b.spec().rows_per_neuron() - 1) * rg + crate::cpu::QuantKind::Q8_0.row_bytes(h);
-            let kern = input.kernels;
-            input.pool.run_chunks(out, n, K * rows, &|range, part| {
-                let end = range.end;
-                for (p, i) in range.enumerate() {
-                    let ahead = i + crate::cpu::PREFETCH_AHEAD;
-                    if ahead < end {
-                        let a = ahead * stride;
-                        crate::cpu::prefetch(&bytes[a + ks[0] * rg..a + (ks[K - 1] + 1) * rg]);
-                    }
-                    for (s, &k) in ks.iter().enumerate() {
-                        let row = &bytes[i * stride + k * rg..i * stride + (k + 1) * rg];
-                        for r in 0..rows {
-                            part[(p * K + s) * rows + r] =
-                                kern.dot_q_split(*kind, row, &input.xq[r]) + bias(s, i);
-                        }
-                    }
-                }
-            });
-        }
-    }
-}
-
-/// Every neuron's contribution `h_i` for every row (`h[i * rows + r]`), computed densely: the
-/// truth a predictor is audited against.
-pub(crate) fn contributions(input: &PredictInput<'_>, h: &mut Vec<f32>, tmp: &mut Vec<f32>) {
-    let b = input.bundles;
-    let spec = *b.spec();
-    let (gb, ub) = (b.gate_bias.as_deref(), b.up_bias.as_deref());
-    let act = spec.activation;
-    h.clear();
-    if spec.gated {
-        all_neurons(input, [0, 1], [gb, ub], tmp);
-        let rows = input.rows;
-        h.extend((0..spec.intermediate * rows).map(|q| {
-            let (i, r) = (q / rows, q % rows);
-            act.gated(tmp[(i * 2) * rows + r], tmp[(i * 2 + 1) * rows + r])
-        }));
-    } else {
-        all_neurons(input, [0], [ub], tmp);
-        h.extend(tmp.iter().map(|&u| act.ungated(u)));
-    }
-}
-
 impl Predictor for GateFirst {
     fn inline_threshold(&self) -> Option<f32> {
         Some(self.threshold)
     }
 
     fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
-        let b = input.bundles;
-        let spec = *b.spec();
+        let spec = *input.bundles.spec();
         let (n, rows, t) = (spec.intermediate, input.rows, self.threshold);
         let act = spec.activation;
         let exact = act.exact_zeros();
-        let mut known = std::mem::take(&mut set.known);
-        let (gb, ub) = (b.gate_bias.as_deref(), b.up_bias.as_deref());
-        // Which rows to compute for every neuron: gate only (exact zeros), gate and up (smooth
-        // gated), or up only (ungated).
-        let slots = match (spec.gated, exact) {
+        let dense = input.dense_pass();
+        let mut v = Vec::new();
+        // What decides: the gate alone (exact zeros), `h` (smooth gated), or `act(up)`.
+        let keep: Box<dyn Fn(usize, usize) -> bool + '_> = match (spec.gated, exact) {
             (true, true) => {
-                all_neurons(input, [0], [gb], &mut known);
-                set.gate_slot = Some(0);
-                1
+                dense.products(&[NeuronRow::Gate], &mut v);
+                Box::new(|i, r| act.apply(v[i * rows + r]) > t)
             }
-            (true, false) => {
-                all_neurons(input, [0, 1], [gb, ub], &mut known);
-                set.gate_slot = Some(0);
-                set.up_slot = Some(1);
-                2
-            }
-            (false, _) => {
-                all_neurons(input, [0], [ub], &mut known);
-                set.up_slot = Some(0);
-                1
+            _ => {
+                let mut tmp = Vec::new();
+                dense.contributions(&mut v, &mut tmp);
+                Box::new(|i, r| v[i * rows + r].abs() > t)
             }
         };
-        set.slots = slots;
-        let at = |i: usize, s: usize, r: usize| known[(i * slots + s) * rows + r];
         for i in 0..n {
             for r in 0..rows {
-                let keep = match (spec.gated, exact) {
-                    (true, true) => act.apply(at(i, 0, r)) > t,
-                    (true, false) => act.gated(at(i, 0, r), at(i, 1, r)).abs() > t,
-                    (false, _) => act.ungated(at(i, 0, r)).abs() > t,
-                };
-                if keep {
+                if keep(i, r) {
                     set.insert(r, i)?;
                 }
             }
         }
-        set.known = known;
         Ok(())
     }
 }

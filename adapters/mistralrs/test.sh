@@ -5,8 +5,9 @@
 #   3. greedy output of unpatched mistral.rs (baseline/) = the patched build's dense MLP, on the
 #      GGUF file and on its f32 HF conversion; on the f32 checkpoint the sparse FFN computing every
 #      neuron gives the same tokens too (on the GGUF file its Q8_0 down rows drift after some
-#      tokens: at least 8 must match); the artifact's trained predictors generate text and report
-#      their realized sparsity;
+#      tokens: at least 8 must match); on the GGUF file the input-sparse FFN keeping every input
+#      gives the dense MLP's tokens exactly; the artifact's trained predictors generate text and
+#      report their realized sparsity; the artifact's input rule runs through mistral.rs's bench;
 #   4. the unit and loader tests of the patch (cargo test);
 #   5. mistral.rs's OpenAI server answers /v1/chat/completions on loopback with the sparse FFN.
 set -euo pipefail
@@ -43,7 +44,12 @@ step "greedy, f32 HF checkpoint: unpatched mistral.rs = dense MLP = every neuron
 step "greedy, GGUF: unpatched mistral.rs = dense MLP; every neuron; the artifact's predictors"
 "$bin/powerinfer-mistralrs-baseline" "$model" 48 > "$work/baseline.jsonl"
 "$bin/powerinfer-mistralrs" compare --model "$model" --max-tokens 48 \
-    --baseline "$work/baseline.jsonl" --min-prefix 8 --powerinfer "$work/smollm2.powerinfer"
+    --baseline "$work/baseline.jsonl" --min-prefix 8 --strict-input \
+    --powerinfer "$work/smollm2.powerinfer"
+
+step "the artifact's input rule through mistral.rs: decode speed against the dense MLP"
+"$bin/powerinfer-mistralrs" bench --model "$model" --runs 3 --max-tokens 48 \
+    --powerinfer "input:$work/smollm2.powerinfer"
 
 step "tests of the patch"
 (cd "$here" && POWERINFER_TEST_ARTIFACT="$work/smollm2.powerinfer" cargo test --release --locked)

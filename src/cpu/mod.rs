@@ -4,7 +4,9 @@
 //! detection, and the pool's hand-off of borrowed jobs to worker threads.
 
 mod attention;
+mod bundles;
 mod columns;
+mod dense_pass;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -18,9 +20,10 @@ mod split;
 mod x86;
 
 pub use attention::{attend, KvRows};
+pub(crate) use bundles::{BundleData, BundleLayout, BundleView};
 pub(crate) use columns::product as column_product;
 pub use columns::{ActiveColumns, ColumnMatrix, ColumnStorage, CHUNK};
-pub(crate) use kernels::RowElem;
+pub(crate) use dense_pass::{DensePass, NeuronRow};
 pub use kernels::{CpuTier, Kernels, CPU_TIER_ENV};
 
 /// Asks the CPU to start loading `s` into cache (a hint: never faults, no effect elsewhere).

@@ -5,11 +5,11 @@
 //! predictor already computed), and adds `h * down^T_i` into a per-thread accumulator. Threads take
 //! static contiguous shares of the list, so each accumulator's summation order is fixed.
 
+use super::bundles::{BundleData, BundleView};
 use super::kernels::{Kernels, RowElem};
 use super::pool::{share, Pool};
 use super::quant::{QuantKind, QuantizedRow};
-use crate::ffn::{BundleData, NeuronBundles};
-use crate::predict::ActiveSet;
+use crate::active::ActiveSet;
 
 /// Rows processed per pass over the weights: enough reuse of each bundle from L1/L2, small enough
 /// that the rows' inputs and accumulators stay in L2.
@@ -29,7 +29,7 @@ pub(crate) struct ThreadScratch {
 
 /// Everything a tier run reads.
 pub(crate) struct SparseJob<'a> {
-    pub bundles: &'a NeuronBundles,
+    pub bundles: BundleView<'a>,
     pub kernels: &'a Kernels,
     pub x: &'a [f32],
     pub rows: usize,
@@ -45,11 +45,11 @@ impl SparseJob<'_> {
     /// before `up` is computed, see `gate_passes`), `|h|` must exceed `t` otherwise.
     #[inline(always)]
     fn keep(&self, h: f32) -> f32 {
-        let spec = self.bundles.spec();
+        let b = &self.bundles;
         let pass = match self.rule {
             None => true,
             // Gated: the gate already passed in `gate_passes`. Ungated: h = act(up) itself.
-            Some(t) if spec.activation.exact_zeros() => spec.gated || h > t,
+            Some(t) if b.activation.exact_zeros() => b.layout.gated || h > t,
             Some(t) => h.abs() > t,
         };
         if pass {
@@ -63,7 +63,7 @@ impl SparseJob<'_> {
     /// the up row is read at all.
     #[inline(always)]
     fn gate_passes(&self, g: f32) -> bool {
-        let act = self.bundles.spec().activation;
+        let act = self.bundles.activation;
         match self.rule {
             Some(t) if act.exact_zeros() => act.apply(g) > t,
             _ => true,
@@ -73,7 +73,7 @@ impl SparseJob<'_> {
     /// Computes the partial output of `neurons` into `states[t].acc` (zeroed first), one static
     /// share per pool thread. `states` must hold `pool.threads()` entries.
     pub fn run(&self, pool: &Pool, neurons: &[u32], states: &mut [ThreadScratch]) {
-        let (rows, h) = (self.rows, self.bundles.spec().hidden);
+        let (rows, h) = (self.rows, self.bundles.hidden);
         let n = pool.threads();
         pool.run_with(states, &|t, st| {
             let mine = &neurons[share(neurons.len(), t, n)];
@@ -81,7 +81,7 @@ impl SparseJob<'_> {
             st.acc.resize(rows * h, 0.0);
             st.h.clear();
             st.h.resize(mine.len() * rows, 0.0);
-            match &self.bundles.data {
+            match self.bundles.data {
                 BundleData::F32(w) => self.partial(w, mine, st),
                 BundleData::F16(w) => self.partial(w, mine, st),
                 BundleData::BF16(w) => self.partial(w, mine, st),
@@ -94,22 +94,16 @@ impl SparseJob<'_> {
     /// of gate/up rows against the quantized input, the down rows of four neurons added per pass
     /// over the accumulator.
     fn partial_quant(&self, kind: QuantKind, w: &[u8], neurons: &[u32], st: &mut ThreadScratch) {
-        let spec = self.bundles.spec();
-        let (h, rows, act) = (spec.hidden, self.rows, spec.activation);
-        let rg = kind.row_bytes(h);
-        let rd = QuantKind::Q8_0.row_bytes(h);
-        let stride = (spec.rows_per_neuron() - 1) * rg + rd;
+        let b = &self.bundles;
+        let (h, rows, act, gated) = (b.hidden, self.rows, b.activation, b.layout.gated);
+        let lay = b.layout;
+        let (rg, stride, up_at) = (lay.row, lay.stride(), lay.up_at());
         let k = self.kernels;
-        let gate_bias = self.bundles.gate_bias.as_deref();
-        let up_bias = self.bundles.up_bias.as_deref();
+        let (gate_bias, up_bias) = (b.gate_bias, b.up_bias);
         let set = self.set;
-        let up_at = if spec.gated { rg } else { 0 };
-        // Every neuron in every row, nothing precomputed, and `up` needed whatever the gate is:
-        // gate and up in one pass over the input.
-        let both = spec.gated
-            && set.is_all()
-            && !set.has_known()
-            && !(self.rule.is_some() && act.exact_zeros());
+        // Every neuron in every row and `up` needed whatever the gate is: gate and up in one
+        // pass over the input.
+        let both = gated && set.is_all() && !(self.rule.is_some() && act.exact_zeros());
         // `h` of neuron `i` (bundle `b`) for row `r`, or 0 when not in the row's set or dropped.
         let contribution = |b: &[u8], i: usize, r: usize| -> f32 {
             let xq = &self.xq[r];
@@ -121,15 +115,10 @@ impl SparseJob<'_> {
             if !set.contains(r, i) {
                 return 0.0;
             }
-            let up = || {
-                set.known_up(r, i).unwrap_or_else(|| {
-                    k.dot_q_split(kind, &b[up_at..up_at + rg], xq) + up_bias.map_or(0.0, |b| b[i])
-                })
-            };
-            if spec.gated {
-                let g = set.known_gate(r, i).unwrap_or_else(|| {
-                    k.dot_q_split(kind, &b[..rg], xq) + gate_bias.map_or(0.0, |b| b[i])
-                });
+            let up =
+                || k.dot_q_split(kind, &b[up_at..up_at + rg], xq) + up_bias.map_or(0.0, |b| b[i]);
+            if gated {
+                let g = k.dot_q_split(kind, &b[..rg], xq) + gate_bias.map_or(0.0, |b| b[i]);
                 if self.gate_passes(g) {
                     self.keep(act.gated(g, up()))
                 } else {
@@ -139,7 +128,7 @@ impl SparseJob<'_> {
                 self.keep(act.ungated(up()))
             }
         };
-        let down_of = |i: usize| &w[i * stride + stride - rd..(i + 1) * stride];
+        let down_of = |i: usize| &w[i * stride + lay.down_at()..(i + 1) * stride];
         // Down rows waiting to be added, per row of the block: four at a time (`axpy4` reads and
         // writes the accumulator once for four rows), from whichever neurons passed, in list order.
         let mut pending = [[(0f32, 0usize); GROUP]; ROW_BLOCK];
@@ -151,13 +140,13 @@ impl SparseJob<'_> {
                 let ahead = (g + 1) * GROUP + crate::cpu::PREFETCH_AHEAD - GROUP;
                 for &a in neurons.iter().skip(ahead).take(GROUP) {
                     let a = a as usize;
-                    crate::cpu::prefetch(&w[a * stride..(a + 1) * stride]);
+                    crate::cpu::prefetch(&w[lay.bundle(a)]);
                 }
                 for r in rb..re {
                     let (p, n) = (&mut pending[r - rb], &mut waiting[r - rb]);
                     for (j, &i) in group.iter().enumerate() {
                         let i = i as usize;
-                        let v = contribution(&w[i * stride..(i + 1) * stride], i, r);
+                        let v = contribution(&w[lay.bundle(i)], i, r);
                         st.h[(g * GROUP + j) * rows + r] = v;
                         if v != 0.0 {
                             p[*n] = (v, i);
@@ -184,17 +173,16 @@ impl SparseJob<'_> {
     }
 
     fn partial<E: RowElem>(&self, w: &[E], neurons: &[u32], st: &mut ThreadScratch) {
-        let spec = self.bundles.spec();
-        let (h, rows, act) = (spec.hidden, self.rows, spec.activation);
-        let stride = spec.rows_per_neuron() * h;
+        let bv = &self.bundles;
+        let (h, rows, act, gated) = (bv.hidden, self.rows, bv.activation, bv.layout.gated);
+        let lay = bv.layout;
         let (dot, axpy, axpy4, dot4) = (
             self.kernels.dot::<E>(),
             self.kernels.axpy::<E>(),
             self.kernels.axpy4::<E>(),
             self.kernels.dot4::<E>(),
         );
-        let gate_bias = self.bundles.gate_bias.as_deref();
-        let up_bias = self.bundles.up_bias.as_deref();
+        let (gate_bias, up_bias) = (bv.gate_bias, bv.up_bias);
         let set = self.set;
         // `h` of neuron `i` for row `r`, or 0 when the neuron is not in the row's set.
         let contribution = |b: &[E], i: usize, r: usize| -> f32 {
@@ -202,20 +190,15 @@ impl SparseJob<'_> {
                 return 0.0;
             }
             let xr = &self.x[r * h..(r + 1) * h];
-            let (gate, up) = if spec.gated {
+            let (gate, up) = if gated {
                 (Some(&b[..h]), &b[h..2 * h])
             } else {
                 (None, &b[..h])
             };
-            let u = || {
-                set.known_up(r, i)
-                    .unwrap_or_else(|| dot(up, xr) + up_bias.map_or(0.0, |b| b[i]))
-            };
+            let u = || dot(up, xr) + up_bias.map_or(0.0, |b| b[i]);
             match gate {
                 Some(g) => {
-                    let gv = set
-                        .known_gate(r, i)
-                        .unwrap_or_else(|| dot(g, xr) + gate_bias.map_or(0.0, |b| b[i]));
+                    let gv = dot(g, xr) + gate_bias.map_or(0.0, |b| b[i]);
                     if self.gate_passes(gv) {
                         self.keep(act.gated(gv, u()))
                     } else {
@@ -225,27 +208,25 @@ impl SparseJob<'_> {
                 None => self.keep(act.ungated(u())),
             }
         };
-        let down_off = stride - h;
-        let up_off = if spec.gated { h } else { 0 };
-        let plain = !set.has_known();
+        let (down_off, up_off) = (lay.down_at(), lay.up_at());
         for rb in (0..rows).step_by(ROW_BLOCK) {
             let re = (rb + ROW_BLOCK).min(rows);
             // Groups of four neurons: the accumulator row is read and written once per group.
             for (g, group) in neurons.chunks(GROUP).enumerate() {
                 let bundles: [&[E]; GROUP] = std::array::from_fn(|k| {
                     let i = group.get(k).map_or(group[0], |&i| i) as usize;
-                    &w[i * stride..(i + 1) * stride]
+                    &w[lay.bundle(i)]
                 });
                 let full = group.len() == GROUP;
                 for r in rb..re {
                     let mut hv = [0f32; GROUP];
-                    if full && plain && group.iter().all(|&i| set.contains(r, i as usize)) {
-                        // All four active, nothing precomputed: four rows per pass over x.
+                    if full && group.iter().all(|&i| set.contains(r, i as usize)) {
+                        // All four active: four rows per pass over x.
                         let xr = &self.x[r * h..(r + 1) * h];
                         let u = dot4(bundles.map(|b| &b[up_off..up_off + h]), xr);
                         let bias =
                             |b: Option<&[f32]>, k: usize| b.map_or(0.0, |b| b[group[k] as usize]);
-                        if spec.gated {
+                        if gated {
                             let gv = dot4(bundles.map(|b| &b[..h]), xr);
                             for k in 0..GROUP {
                                 let g = gv[k] + bias(gate_bias, k);

@@ -27,12 +27,57 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     let d = run_one(&mut dense, &prompt, a.max_tokens, "dense FFN (candle)")?;
     drop(dense);
 
-    let mut sp = load_sparse(&path, &settings)?;
-    let label = format!("sparse FFN (powerinfer, {})", sp.label);
-    let sparse = &mut sp.m;
-    sparse.model.enable_ffn_stats();
-    let s = run_one(sparse, &prompt, a.max_tokens, &label)?;
-    let realized = mean_sparsity(&mut sparse.model);
+    // The input-sparse FFN with the calibrated rule (the artifact's, or calibrated now); files
+    // whose FFN blocks have no column layout fall back to exact |h| thresholding.
+    let (s, label, realized) = match load(
+        &path,
+        &FfnMode::InputSparse {
+            threads: settings.threads,
+        },
+    ) {
+        Ok(mut m) => {
+            let rule = crate::input::rule_for(&mut m, &settings)?;
+            crate::input::apply(&mut m.model, &rule)?;
+            let label = format!(
+                "{} rule at {:.0}% target (gate/up/down {:.0}/{:.0}/{:.0}% of entries)",
+                rule.score,
+                rule.target * 100.0,
+                rule.allocation[0] * 100.0,
+                rule.allocation[1] * 100.0,
+                rule.allocation[2] * 100.0
+            );
+            let s = run_one(
+                &mut m,
+                &prompt,
+                a.max_tokens,
+                &format!("input-sparse FFN (powerinfer, {label})"),
+            )?;
+            let skipped = m.model.take_ffn_traffic().skipped();
+            (
+                s,
+                label,
+                format!("{:.1}% of the FFN weight bytes skipped", skipped * 100.0),
+            )
+        }
+        Err(e) => {
+            eprintln!("no input-sparse FFN for this file ({e:#}); exact |h| thresholding instead");
+            let mut sp = load_sparse(&path, &settings)?;
+            let label = sp.label.clone();
+            sp.m.model.enable_ffn_stats();
+            let s = run_one(
+                &mut sp.m,
+                &prompt,
+                a.max_tokens,
+                &format!("sparse FFN (powerinfer, {label})"),
+            )?;
+            let realized = mean_sparsity(&mut sp.m.model);
+            (
+                s,
+                label,
+                format!("realized FFN sparsity {:.1}%", realized * 100.0),
+            )
+        }
+    };
 
     let same = d
         .tokens
@@ -54,12 +99,10 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
         d.decode_tps()
     );
     println!(
-        "sparse: {:>3} tokens, prompt {:>7.1} tok/s, decode {:>6.1} tok/s, realized FFN sparsity {:.1}% ({})",
+        "sparse: {:>3} tokens, prompt {:>7.1} tok/s, decode {:>6.1} tok/s, {realized} ({label})",
         s.tokens.len(),
         s.prompt_tps(),
         s.decode_tps(),
-        realized * 100.0,
-        sp.label,
     );
     println!(
         "agreement: {same} of {} generated tokens equal, first {prefix} identical",

@@ -3,7 +3,8 @@
 //! Added by the powerinfer-rs patch set (`adapters/mistralrs/` in powerinfer-rs). When a
 //! configuration is active, the llama GGUF loader (`quantized_llama.rs`) and the llama, mistral and
 //! qwen2 safetensors loaders build a [`powerinfer::HybridFfn`] for each layer's MLP instead of the
-//! dense one. With no configuration the loaders are untouched.
+//! dense one (or, with [`Neurons::Input`], a [`powerinfer::InputSparseFfn`]: training-free input
+//! sparsity on the file's exact weights). With no configuration the loaders are untouched.
 //!
 //! SDK users call [`enable`] before building a model; the `mistralrs` CLI and server read
 //! [`ENV_CONFIG`] (an artifact path, `all` or `gate-first:T`), [`ENV_SPARSITY`] and
@@ -22,7 +23,9 @@ use crate::layers::Activation;
 pub use powerinfer as engine;
 
 /// Environment variable naming what to run: a `.powerinfer` artifact from `powerinfer analyze`,
-/// `all` (every neuron through the sparse kernels) or `gate-first:T` (exact thresholding at `T`).
+/// `all` (every neuron through the sparse kernels), `gate-first:T` (exact thresholding at `T`),
+/// `input` (the input-sparse FFN keeping every input: the dense result) or `input:ARTIFACT` (its
+/// calibrated input rule).
 pub const ENV_CONFIG: &str = "MISTRALRS_POWERINFER";
 /// With an artifact: set the predictors' score thresholds for this FFN sparsity (0..0.95)
 /// instead of the artifact's target-recall thresholds.
@@ -46,6 +49,10 @@ pub enum Neurons {
         /// Score thresholds for this FFN sparsity instead of the stored target-recall ones.
         predictor_sparsity: Option<f64>,
     },
+    /// The input-sparse FFN on the file's exact weights (column-major, GGUF blocks kept): with
+    /// an artifact (format version 2), the TEAL/WINA rule calibrated in it, checked against the
+    /// model file; without one, every input kept (the dense FFN's result).
+    Input(Option<PathBuf>),
 }
 
 /// How mistral.rs builds its FFN blocks while the configuration is enabled.
@@ -64,6 +71,11 @@ impl PowerInferConfig {
             path: path.into(),
             predictor_sparsity: None,
         })
+    }
+
+    /// The input-sparse FFN: `artifact`'s calibrated rule, or every input kept.
+    pub fn input(artifact: Option<PathBuf>) -> Self {
+        Self::new(Neurons::Input(artifact))
     }
 
     /// Every neuron through the sparse kernels.
@@ -109,6 +121,8 @@ impl PowerInferConfig {
         let v = v.to_string_lossy().into_owned();
         let mut cfg = match v.as_str() {
             "all" => Self::all_neurons(),
+            "input" => Self::input(None),
+            s if s.starts_with("input:") => Self::input(Some(PathBuf::from(&s["input:".len()..]))),
             s if s.starts_with("gate-first:") => {
                 let t = &s["gate-first:".len()..];
                 Self::gate_first(
@@ -191,21 +205,34 @@ pub struct SparsityReport {
     pub pairs: u64,
     /// Pairs computed with a nonzero contribution.
     pub active: u64,
+    /// Input-sparse layers: FFN weight bytes read, and what dense products would have read.
+    pub ffn_bytes: powerinfer::FfnTraffic,
 }
 
 impl SparsityReport {
-    /// Share of (row, neuron) pairs skipped.
+    /// Share of (row, neuron) pairs skipped (hybrid layers).
     pub fn sparsity(&self) -> f64 {
         1.0 - self.active as f64 / self.pairs.max(1) as f64
+    }
+
+    /// Share of the FFN weight bytes not read (input-sparse layers).
+    pub fn ffn_bytes_skipped(&self) -> f64 {
+        self.ffn_bytes.skipped()
     }
 }
 
 static LIVE: Mutex<Vec<Weak<powerinfer::HybridFfn>>> = Mutex::new(Vec::new());
+static LIVE_INPUT: Mutex<Vec<Weak<powerinfer::InputSparseFfn>>> = Mutex::new(Vec::new());
 static TOTALS: Mutex<SparsityReport> = Mutex::new(SparsityReport {
     layers: 0,
     rows: 0,
     pairs: 0,
     active: 0,
+    ffn_bytes: powerinfer::FfnTraffic {
+        rows: 0,
+        read: 0,
+        dense: 0,
+    },
 });
 
 /// Moves every live layer's counts into the totals; returns the live layer count.
@@ -221,7 +248,14 @@ fn collect(totals: &mut SparsityReport) -> usize {
         }
         ffn.enable_stats(0.0);
     }
-    live.len()
+    let mut input = LIVE_INPUT.lock().unwrap_or_else(|e| e.into_inner());
+    input.retain(|w| w.strong_count() > 0);
+    for ffn in input.iter().filter_map(Weak::upgrade) {
+        let t = ffn.take_traffic();
+        totals.rows += t.rows;
+        totals.ffn_bytes.add(&t);
+    }
+    live.len() + input.len()
 }
 
 /// Realized sparsity of the sparse FFN layers built so far, since the last [`reset_report`].
@@ -261,10 +295,16 @@ impl LoadScope {
             None => None,
             Some(config) => {
                 let artifact = match &config.neurons {
-                    Neurons::Artifact { path, .. } => {
+                    Neurons::Artifact { path, .. } | Neurons::Input(Some(path)) => {
                         let a = powerinfer::Artifact::load(path).map_err(engine_err)?;
                         let sha = powerinfer::model_sha256(files).map_err(engine_err)?;
                         a.check_model(&sha).map_err(engine_err)?;
+                        if matches!(config.neurons, Neurons::Input(_)) && a.meta.input_rule.is_none() {
+                            return Err(bad(format!(
+                                "{} has no input rule (format version 1); rerun `powerinfer analyze`",
+                                path.display()
+                            )));
+                        }
                         Some(a)
                     }
                     _ => None,
@@ -327,6 +367,9 @@ fn build(plan: &Plan, layer: usize, bundles: powerinfer::NeuronBundles) -> Resul
         (Neurons::Artifact { path, .. }, None) => {
             return Err(bad(format!("{} was not loaded", path.display())));
         }
+        (Neurons::Input(_), _) => {
+            return Err(bad("the input-sparse FFN is built by `build_input`"));
+        }
     }
     ffn.enable_stats(0.0);
     let ffn = Arc::new(ffn);
@@ -334,10 +377,41 @@ fn build(plan: &Plan, layer: usize, bundles: powerinfer::NeuronBundles) -> Resul
         .unwrap_or_else(|e| e.into_inner())
         .push(Arc::downgrade(&ffn));
     Ok(SparseMlp {
-        ffn,
+        ffn: Engine::Hybrid(ffn),
         params: vec![spec.hidden, spec.intermediate],
         act: Activation::Silu,
     })
+}
+
+/// Layer `layer`'s input-sparse FFN, with the artifact's rule when the plan has one.
+fn build_input(plan: &Plan, layer: usize, mut ffn: powerinfer::InputSparseFfn) -> Result<SparseMlp> {
+    if let Some(rule) = plan.artifact.as_ref().and_then(|a| a.meta.input_rule.as_ref()) {
+        let t = rule.thresholds.get(layer).ok_or_else(|| {
+            bad(format!(
+                "the artifact's input rule has {} layers; the model has more",
+                rule.thresholds.len()
+            ))
+        })?;
+        ffn.set_rule(rule.input_score().map_err(engine_err)?, *t)
+            .map_err(engine_err)?;
+    }
+    let spec = *ffn.spec();
+    let ffn = Arc::new(ffn);
+    LIVE_INPUT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Arc::downgrade(&ffn));
+    Ok(SparseMlp {
+        ffn: Engine::Input(ffn),
+        params: vec![spec.hidden, spec.intermediate],
+        act: Activation::Silu,
+    })
+}
+
+fn threads(plan: &Plan) -> usize {
+    plan.config
+        .threads
+        .unwrap_or_else(|| powerinfer::HybridOptions::default().threads)
 }
 
 /// The sparse FFN of a GGUF llama layer, from its quantized `ffn_gate`, `ffn_up`, `ffn_down`
@@ -355,6 +429,18 @@ pub(crate) fn gguf_mlp(
     let (n, h) = gate.shape().dims2()?;
     let spec =
         powerinfer::FfnSpec::new(h, n, powerinfer::Activation::Silu, true).map_err(engine_err)?;
+    if let Neurons::Input(_) = plan.config.neurons {
+        let ffn = powerinfer::InputSparseFfn::from_qtensors(
+            spec,
+            Some(gate),
+            up,
+            down,
+            threads(&plan),
+            None,
+        )
+        .map_err(engine_err)?;
+        return build_input(&plan, layer, ffn).map(Some);
+    }
     let bundles =
         powerinfer::NeuronBundles::from_qtensors(spec, Some(gate), up, down).map_err(engine_err)?;
     build(&plan, layer, bundles).map(Some)
@@ -388,6 +474,24 @@ pub(crate) fn safetensors_mlp(
     let d = get("down_proj", (hidden, intermediate))?;
     let spec = powerinfer::FfnSpec::new(hidden, intermediate, engine_activation(act)?, true)
         .map_err(engine_err)?;
+    if let Neurons::Input(_) = plan.config.neurons {
+        let storage = match vb.dtype() {
+            DType::F32 => powerinfer::ColumnStorage::F32,
+            DType::BF16 => powerinfer::ColumnStorage::BF16,
+            _ => powerinfer::ColumnStorage::F16,
+        };
+        let ffn = powerinfer::InputSparseFfn::from_weights(
+            spec,
+            powerinfer::FfnWeights::gated(&g, &u, &d),
+            storage,
+            threads(&plan),
+            None,
+        )
+        .map_err(engine_err)?;
+        let mut mlp = build_input(&plan, layer, ffn)?;
+        mlp.act = act;
+        return Ok(Some(Box::new(mlp)));
+    }
     let storage = match vb.dtype() {
         DType::F32 => powerinfer::WeightDType::F32,
         DType::BF16 => powerinfer::WeightDType::BF16,
@@ -414,17 +518,28 @@ fn cpu_only(layer: usize, device: &Device) -> Result<()> {
     }
 }
 
-/// A layer's MLP run by [`powerinfer::HybridFfn`].
+/// The engine behind a [`SparseMlp`].
+#[derive(Clone)]
+enum Engine {
+    Hybrid(Arc<powerinfer::HybridFfn>),
+    Input(Arc<powerinfer::InputSparseFfn>),
+}
+
+/// A layer's MLP run by [`powerinfer::HybridFfn`] or [`powerinfer::InputSparseFfn`].
 #[derive(Clone)]
 pub(crate) struct SparseMlp {
-    ffn: Arc<powerinfer::HybridFfn>,
+    ffn: Engine,
     params: Vec<usize>,
     act: Activation,
 }
 
 impl SparseMlp {
     pub(crate) fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        self.ffn.forward_tensor(xs).map_err(engine_err)
+        match &self.ffn {
+            Engine::Hybrid(f) => f.forward_tensor(xs),
+            Engine::Input(f) => f.forward_tensor(xs),
+        }
+        .map_err(engine_err)
     }
 }
 

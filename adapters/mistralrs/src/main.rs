@@ -52,6 +52,10 @@ enum Command {
         /// re-quantized to Q8_0 and quantizes activations differently than candle's matmul).
         #[arg(long)]
         strict: bool,
+        /// Fail unless the input-sparse FFN keeping every input gives the dense MLP's tokens
+        /// exactly (its products are the dense ones over the file's exact blocks).
+        #[arg(long)]
+        strict_input: bool,
         /// Fail unless every neuron gives at least this many leading tokens of the dense MLP's
         /// output for every prompt.
         #[arg(long, default_value_t = 0)]
@@ -87,8 +91,10 @@ struct ModelArgs {
     /// in ~/.cache/powerinfer, where `powerinfer demo` fetches it).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// What the sparse FFN computes: a `.powerinfer` artifact from `powerinfer analyze`, `all`
-    /// (every neuron) or `gate-first:T` (exact |h| thresholding at T).
+    /// What the sparse FFN computes: a `.powerinfer` artifact from `powerinfer analyze` (its
+    /// trained predictors), `all` (every neuron), `gate-first:T` (exact |h| thresholding at T),
+    /// `input` (the input-sparse FFN keeping every input) or `input:ARTIFACT` (the artifact's
+    /// calibrated input rule).
     #[arg(long, default_value = "all")]
     powerinfer: String,
     /// With an artifact: the predictors' score thresholds for this FFN sparsity.
@@ -103,6 +109,10 @@ impl ModelArgs {
     fn sparse(&self) -> Result<PowerInferConfig> {
         let mut cfg = match self.powerinfer.as_str() {
             "all" => PowerInferConfig::all_neurons(),
+            "input" => PowerInferConfig::input(None),
+            s if s.starts_with("input:") => {
+                PowerInferConfig::input(Some(PathBuf::from(&s["input:".len()..])))
+            }
             s if s.starts_with("gate-first:") => PowerInferConfig::gate_first(
                 s["gate-first:".len()..]
                     .parse()
@@ -151,12 +161,14 @@ async fn main() -> Result<()> {
             max_tokens,
             baseline,
             strict,
+            strict_input,
             min_prefix,
         } => {
             let (path, sparse) = (model.model()?, model.sparse()?);
             let base = baseline.as_deref();
-            let (strict, min_prefix) = (strict, min_prefix.min(max_tokens));
-            model::compare(&path, sparse, &prompt, max_tokens, base, strict, min_prefix).await
+            let min_prefix = min_prefix.min(max_tokens);
+            let s = (strict, strict_input);
+            model::compare(&path, sparse, &prompt, max_tokens, base, s, min_prefix).await
         }
         Command::Bench {
             model,

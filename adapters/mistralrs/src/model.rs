@@ -34,6 +34,8 @@ pub async fn load(path: &Path, sparse: Option<&PowerInferConfig>) -> Result<Mode
 fn describe(cfg: &PowerInferConfig) -> String {
     match &cfg.neurons {
         Neurons::All => "every neuron".into(),
+        Neurons::Input(None) => "input-sparse FFN, every input kept".into(),
+        Neurons::Input(Some(p)) => format!("input-sparse rule from {}", p.display()),
         Neurons::GateFirst(t) => format!("exact thresholding at |h| > {t}"),
         Neurons::Artifact {
             path,
@@ -67,33 +69,36 @@ pub async fn chat(
         );
     }
     let r = powerinfer::report();
-    println!(
-        "realized FFN sparsity {:.1}% over {} layer rows ({} sparse layers)",
-        r.sparsity() * 100.0,
-        r.rows,
-        r.layers
-    );
+    println!("{} over {} layer rows ({} sparse layers)", skipped(&sparse, &r), r.rows, r.layers);
     Ok(())
 }
 
-/// Greedy completions of every prompt, and the realized sparsity (0 for dense).
+/// What a sparse run skipped: neurons (hybrid FFN) or FFN weight bytes (input-sparse FFN).
+fn skipped(cfg: &PowerInferConfig, r: &powerinfer::SparsityReport) -> String {
+    match cfg.neurons {
+        Neurons::Input(_) => format!(
+            "{:.1}% of the FFN weight bytes skipped",
+            r.ffn_bytes_skipped() * 100.0
+        ),
+        _ => format!("realized FFN sparsity {:.1}%", r.sparsity() * 100.0),
+    }
+}
+
+/// Greedy completions of every prompt, and what the sparse FFN skipped (empty for dense).
 async fn run_all(
     path: &Path,
     sparse: Option<&PowerInferConfig>,
     prompts: &[String],
     max_tokens: usize,
-) -> Result<(Vec<Completion>, f64)> {
+) -> Result<(Vec<Completion>, String)> {
     let model = load(path, sparse).await?;
     powerinfer::reset_report();
     let mut out = Vec::new();
     for p in prompts {
         out.push(greedy(&model, p, max_tokens).await?);
     }
-    let sparsity = match sparse {
-        Some(_) => powerinfer::report().sparsity(),
-        None => 0.0,
-    };
-    Ok((out, sparsity))
+    let what = sparse.map_or_else(String::new, |c| skipped(c, &powerinfer::report()));
+    Ok((out, what))
 }
 
 /// Greedy completions read from the baseline binary's JSON lines.
@@ -159,7 +164,7 @@ pub async fn compare(
     prompts: &[String],
     max_tokens: usize,
     baseline: Option<&Path>,
-    strict: bool,
+    (strict, strict_input): (bool, bool),
     min_prefix: usize,
 ) -> Result<()> {
     let baseline = baseline.map(read_baseline).transpose()?;
@@ -172,8 +177,14 @@ pub async fn compare(
         neurons: Neurons::All,
         ..sparse.clone()
     };
+    let every_input = PowerInferConfig {
+        neurons: Neurons::Input(None),
+        ..sparse.clone()
+    };
     let (dense, _) = run_all(path, None, &prompts, max_tokens).await?;
     let (every, s_all) = run_all(path, Some(&all), &prompts, max_tokens).await?;
+    let (inputs, _) = run_all(path, Some(&every_input), &prompts, max_tokens).await?;
+    let mut same_input = 0;
     let chosen = if sparse.neurons == Neurons::All {
         None
     } else {
@@ -212,6 +223,14 @@ pub async fn compare(
                 a.prefix
             ));
         }
+        let a = agreement(&dense[i], &inputs[i]);
+        println!("input-sparse FFN, every input: {}", show(&a, n));
+        same_input += usize::from(a.same);
+        if strict_input && !a.same {
+            problems.push(format!(
+                "prompt {i}: the input-sparse FFN keeping every input differs from the dense MLP"
+            ));
+        }
         if let Some((c, _)) = &chosen {
             let a = agreement(&dense[i], &c[i]);
             println!("sparse FFN, {}: {}", describe(&sparse), show(&a, n));
@@ -220,9 +239,12 @@ pub async fn compare(
         println!();
     }
     println!(
-        "every neuron: {same_all}/{} prompts identical to the dense MLP (shortest identical prefix {shortest} tokens), realized sparsity {:.1}%",
+        "every neuron: {same_all}/{} prompts identical to the dense MLP (shortest identical prefix {shortest} tokens), {s_all}",
         prompts.len(),
-        s_all * 100.0
+    );
+    println!(
+        "input-sparse FFN, every input: {same_input}/{} prompts identical to the dense MLP",
+        prompts.len()
     );
     if let Some((c, s)) = &chosen {
         let same = (0..prompts.len())
@@ -232,10 +254,9 @@ pub async fn compare(
             .map(|i| agreement(&dense[i], &c[i]).prefix)
             .collect();
         println!(
-            "{}: {same}/{} prompts identical to the dense MLP (identical prefixes {prefix:?} tokens), realized sparsity {:.1}%",
+            "{}: {same}/{} prompts identical to the dense MLP (identical prefixes {prefix:?} tokens), {s}",
             describe(&sparse),
             prompts.len(),
-            s * 100.0
         );
     }
     anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
@@ -265,14 +286,13 @@ pub async fn bench(
         d.push(greedy(&dense, prompt, max_tokens).await?.decode_tok_s);
         s.push(greedy(&fast, prompt, max_tokens).await?.decode_tok_s);
     }
-    let sparsity = powerinfer::report().sparsity();
+    let what = skipped(&sparse, &powerinfer::report());
     let (md, ms) = (median(d.clone()), median(s.clone()));
     println!("decode tok/s through mistral.rs, {runs} runs of {max_tokens} tokens each, medians:");
     println!("  dense MLP (mistral.rs)   {md:7.1}   runs {d:.1?}");
     println!(
-        "  sparse FFN ({})   {ms:7.1}   runs {s:.1?}   realized sparsity {:.1}%",
+        "  sparse FFN ({})   {ms:7.1}   runs {s:.1?}   {what}",
         describe(&sparse),
-        sparsity * 100.0
     );
     println!("  sparse / dense: {:.2}x", ms / md);
     Ok(())

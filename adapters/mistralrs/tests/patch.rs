@@ -97,6 +97,18 @@ fn environment_configuration_is_parsed_and_bad_values_are_named() {
         let e = PowerInferConfig::from_env().unwrap_err().to_string();
         assert!(e.contains(named), "`{e}` does not name `{named}`");
     };
+    set(powerinfer::ENV_SPARSITY, None);
+    set(powerinfer::ENV_CONFIG, Some("input"));
+    assert_eq!(
+        PowerInferConfig::from_env().unwrap().unwrap().neurons,
+        Neurons::Input(None)
+    );
+    set(powerinfer::ENV_CONFIG, Some("input:/a/m.powerinfer"));
+    assert_eq!(
+        PowerInferConfig::from_env().unwrap().unwrap().neurons,
+        Neurons::Input(Some("/a/m.powerinfer".into()))
+    );
+    fails("input", Some("0.5"), None, "needs an artifact");
     fails("gate-first:abc", None, None, "`abc` is not a threshold");
     fails("all", Some("0.5"), None, "needs an artifact");
     fails(
@@ -219,4 +231,29 @@ async fn artifact_predictors_generate_text() {
         s > 0.15 && s < 0.6,
         "realized sparsity {s} for a 30% target"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn artifact_input_rule_skips_ffn_bytes_and_generates_text() {
+    let Some(art) = artifact() else { return };
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let m = load_with(PowerInferConfig::input(Some(art.clone()))).await.unwrap();
+    powerinfer::reset_report();
+    let c = greedy::greedy(&m, "Write one sentence about the sea.", 24)
+        .await
+        .unwrap();
+    assert!(c.text.split_whitespace().count() >= 5, "{:?}", c.text);
+    let r = powerinfer::report();
+    assert_eq!(r.rows % 30, 0, "{r:?}");
+    let s = r.ffn_bytes_skipped();
+    assert!(s > 0.1 && s < 0.5, "FFN bytes skipped {s} by the artifact's rule");
+    drop(m);
+    // Every input kept: nothing but the inputs that quantize to zero is skipped.
+    let m = load_with(PowerInferConfig::input(None)).await.unwrap();
+    powerinfer::reset_report();
+    greedy::greedy(&m, "Write one sentence about the sea.", 8)
+        .await
+        .unwrap();
+    let s = powerinfer::report().ffn_bytes_skipped();
+    assert!((0.0..0.05).contains(&s), "every input kept, yet {s} skipped");
 }
