@@ -164,7 +164,7 @@ impl Input {
             ),
         }
         if quant {
-            self.q.quantize(&self.x);
+            self.q.quantize_values(&self.x);
             self.active.of_quantized(&self.q);
         } else {
             self.active.of_f32(&self.x);

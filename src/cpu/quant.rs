@@ -69,6 +69,21 @@ pub struct QuantizedRow {
 impl QuantizedRow {
     /// Quantizes `x` (length a multiple of 32) into this row, reusing its buffers.
     pub fn quantize(&mut self, x: &[f32]) {
+        self.quantize_values(x);
+        let nb = x.len() / QK;
+        self.q4.clear();
+        self.q4.resize(nb.div_ceil(4) * 128, 0);
+        for (b, blk) in self.q.chunks_exact(QK).enumerate() {
+            let (g, j) = (b / 4, b % 4);
+            self.q4[g * 128 + 16 * j..][..16].copy_from_slice(&blk[..16]);
+            self.q4[g * 128 + 64 + 16 * j..][..16].copy_from_slice(&blk[16..]);
+        }
+    }
+
+    /// [`QuantizedRow::quantize`] without the regrouped copy for 4-bit split rows (`q4`, left
+    /// empty): all that column products read.
+    pub(crate) fn quantize_values(&mut self, x: &[f32]) {
+        self.q4.clear();
         let nb = x.len() / QK;
         self.d.resize(nb, 0.0);
         self.sum.resize(nb, 0);
@@ -87,13 +102,6 @@ impl QuantizedRow {
             self.d[b] = d16.to_f32();
             self.sum[b] = sum;
             self.s[b] = (f16::from_f32(sum as f32) * d16).to_f32();
-        }
-        self.q4.clear();
-        self.q4.resize(nb.div_ceil(4) * 128, 0);
-        for (b, blk) in self.q.chunks_exact(QK).enumerate() {
-            let (g, j) = (b / 4, b % 4);
-            self.q4[g * 128 + 16 * j..][..16].copy_from_slice(&blk[..16]);
-            self.q4[g * 128 + 64 + 16 * j..][..16].copy_from_slice(&blk[16..]);
         }
     }
 

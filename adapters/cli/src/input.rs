@@ -7,24 +7,29 @@ use powerinfer_candle::{FfnMode, Llama};
 
 use crate::common::{corpus_tokens, load, spinner, Loaded};
 
-/// The score the demo, `bench` and `analyze` use by default: WINA (`|x| * ||column||`), which
-/// held perplexity best at 20-30% in `eval --input-rules teal,wina,h` on SmolLM2 (README).
-pub(crate) const DEFAULT_RULE: InputScore = InputScore::Wina;
+/// The score the demo, `bench` and `analyze` use by default: TEAL's `|x|`. At the default
+/// target both rules skip the same bytes and TEAL held perplexity slightly better on SmolLM2, on
+/// held-out speeches and on license text (README); WINA stays a flag away.
+pub(crate) const DEFAULT_RULE: InputScore = InputScore::Magnitude;
 /// Mean fraction of gate, up and down entries the default rule drops (the share of FFN values
 /// not read; the bytes skipped are lower by the scale planes, which stay read).
 pub(crate) const DEFAULT_TARGET: f64 = 0.28;
 
-/// Fractions of (gate, up, down) entries dropped for a target share `s` of the FFN weights
-/// (three matrices of equal size), one candidate per split: uniform, and down taking 1.5x and
-/// 2x its share (TEAL's greedy allocation gives down the most), gate and up sharing the rest.
+/// Down's share of the default rule, as a multiple of the target.
+pub(crate) const DEFAULT_DOWN: f64 = 1.5;
+
+/// Fractions of (gate, up, down) entries dropped for a target `s` (three matrices of equal size)
+/// with down taking `f` times its share and gate and up sharing the rest.
+pub(crate) fn allocation(s: f64, f: f64) -> [f64; 3] {
+    let d = (f * s).min(0.95);
+    let gu = ((3.0 * s - d) / 2.0).clamp(0.0, 0.95);
+    [gu, gu, d]
+}
+
+/// The candidate splits of target `s`: uniform, and down taking 1.5x and 2x its share (TEAL's
+/// greedy allocation gives down the most).
 pub(crate) fn allocations(s: f64) -> Vec<[f64; 3]> {
-    let mut v = vec![[s, s, s]];
-    for f in [1.5, 2.0] {
-        let d = (f * s).min(0.95);
-        let gu = ((3.0 * s - d) / 2.0).max(0.0);
-        v.push([gu, gu, d]);
-    }
-    v
+    [1.0, DEFAULT_DOWN, 2.0].map(|f| allocation(s, f)).to_vec()
 }
 
 /// A model on the input-sparse FFN with its calibration histograms per rule.
@@ -86,17 +91,19 @@ impl InputModel {
     }
 
     /// For target `s`: the allocation with the lowest perplexity on the first `tokens` of the
-    /// calibration text (never the held-out text), and that perplexity. `|h|` alone has one:
-    /// down drops `3 s` of its entries.
+    /// calibration text (never the held-out text), and that perplexity. `down` fixes down's
+    /// share (a multiple of `s`); `|h|` alone has one allocation: down drops `3 s`.
     pub fn choose(
         &mut self,
         rule: Rule,
         s: f64,
+        down: Option<f64>,
         tokens: usize,
     ) -> Result<(InputScore, [f64; 3], f64)> {
-        let (score, candidates) = match rule {
-            Rule::Input(score) => (score, allocations(s)),
-            Rule::HOnly => (InputScore::Magnitude, vec![[0.0, 0.0, (3.0 * s).min(0.95)]]),
+        let (score, candidates) = match (rule, down) {
+            (Rule::Input(score), Some(f)) => (score, vec![allocation(s, f)]),
+            (Rule::Input(score), None) => (score, allocations(s)),
+            (Rule::HOnly, _) => (InputScore::Magnitude, vec![[0.0, 0.0, (3.0 * s).min(0.95)]]),
         };
         let text: Vec<u32> = self.calib.iter().copied().take(tokens).collect();
         let mut best: Option<([f64; 3], f64)> = None;
@@ -165,7 +172,7 @@ pub(crate) fn parse_targets(s: &str) -> Result<Vec<f64>> {
 /// [`DEFAULT_RULE`] at [`DEFAULT_TARGET`], down taking 1.5x its share.
 pub(crate) fn default_rule(model: &mut Llama, calib: &[u32], ctx: usize) -> Result<InputRuleMeta> {
     let scores = model.record_input_scores(calib, ctx, DEFAULT_RULE)?;
-    let alloc = allocations(DEFAULT_TARGET)[1];
+    let alloc = allocation(DEFAULT_TARGET, DEFAULT_DOWN);
     let thresholds: Vec<InputThresholds> = scores
         .iter()
         .map(|s| s.thresholds(alloc))

@@ -16,7 +16,8 @@ use clap::{Args, Parser, Subcommand};
 
 pub use common::{load, Loaded, SparseSettings};
 pub use plots::{
-    frequency_curves, frequency_heatmap, placement_split, sparsity_perplexity, Series, SplitLayer,
+    bytes_perplexity, frequency_curves, frequency_heatmap, placement_split, sparsity_perplexity,
+    Series, SplitLayer,
 };
 
 /// Activation-sparse LLM inference (the PowerInfer technique) on candle.
@@ -235,9 +236,14 @@ pub struct EvalArgs {
     /// at the targets of `--input-sweep`; draws the picture next to the model.
     #[arg(long, value_name = "RULES")]
     pub input_rules: Option<String>,
-    /// Target shares of the FFN weight bytes skipped for `--input-rules` (e.g. `0.1,0.2,0.3`).
-    #[arg(long, default_value = "0.1,0.2,0.25,0.3,0.4")]
+    /// Targets for `--input-rules`: mean fractions of gate, up and down entries dropped (e.g.
+    /// `0.1,0.2,0.3`; the FFN bytes skipped come out lower by the scale planes).
+    #[arg(long, default_value = "0.1,0.2,0.25,0.3,0.35")]
     pub input_sweep: String,
+    /// Down's share as a multiple of the target (gate and up share the rest) instead of choosing
+    /// among 1, 1.5 and 2 on calibration text; the default rule uses 1.5.
+    #[arg(long)]
+    pub input_down: Option<f64>,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
