@@ -145,7 +145,7 @@ fn edge_shapes() {
 
 #[test]
 fn tall_matrices_cross_tiles() {
-    // More than one tile of chunks (the AVX-512 kernel reads 64 chunks per tile), split anywhere.
+    // Many tiles of chunks (the AVX-512 kernel reads 8 chunks per tile), split anywhere.
     for kind in 0..3 {
         for (rows, split) in [(64 * 64, 64), (64 * 65 + 3, 33), (64 * 130 - 1, 65)] {
             check_quantized(rows, 2, kind, 0.5, split, (rows + kind) as u64);
