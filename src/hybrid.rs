@@ -16,7 +16,7 @@ use candle_nn::VarBuilder;
 use crate::cpu::{share, CpuTier, Kernels, Pool, SparseJob, ThreadScratch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights, NeuronBundles, WeightDType};
-use crate::input::{check_rows, to_tensor, with_f32};
+use crate::input::{check_f32_rows, check_finite, check_rows, to_tensor, with_f32};
 use crate::place::LayerPlacement;
 use crate::predict::{ActiveSet, All, PredictInput, Predictor};
 use crate::profile::{ActivationStats, PredictorAudit};
@@ -327,18 +327,7 @@ impl HybridFfn {
     /// The FFN on `rows` f32 rows: `x` and `out` are `rows * hidden`, row-major. Allocation-free
     /// once the block has seen a batch of this size.
     pub fn forward_f32(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
-        let h = self.bundles.spec().hidden;
-        if x.len() != rows * h {
-            return Err(Error::shape(
-                "input (rows * hidden)",
-                &[Some(rows * h)],
-                &[x.len()],
-            ));
-        }
-        if out.len() != rows * h {
-            return Err(Error::shape("output", &[Some(rows * h)], &[out.len()]));
-        }
-        check_finite(x)?;
+        check_f32_rows(x, rows, self.bundles.spec().hidden, out)?;
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.compute(&mut scratch, x, rows, out)
     }
@@ -481,13 +470,6 @@ impl HybridFfn {
             .into(),
             _ => e,
         }
-    }
-}
-
-fn check_finite(x: &[f32]) -> Result<()> {
-    match x.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(Error::non_finite("input", i)),
-        None => Ok(()),
     }
 }
 

@@ -25,6 +25,29 @@ pub(crate) fn check_rows(xs: &Tensor, width: usize, tensor: &str) -> Result<usiz
     Ok(xs.elem_count() / width)
 }
 
+/// Checks an FFN's f32 call: `x` and `out` hold `rows` rows of `width` values, `x` finite.
+pub(crate) fn check_f32_rows(x: &[f32], rows: usize, width: usize, out: &[f32]) -> Result<()> {
+    if x.len() != rows * width {
+        return Err(Error::shape(
+            "input (rows * hidden)",
+            &[Some(rows * width)],
+            &[x.len()],
+        ));
+    }
+    if out.len() != rows * width {
+        return Err(Error::shape("output", &[Some(rows * width)], &[out.len()]));
+    }
+    check_finite(x)
+}
+
+/// Refuses NaN and infinite inputs, naming the first one.
+pub(crate) fn check_finite(x: &[f32]) -> Result<()> {
+    match x.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(Error::non_finite("input", i)),
+        None => Ok(()),
+    }
+}
+
 /// Runs `f` on all values of `xs` (checked by [`check_rows`]) as f32: contiguous f32 is read in
 /// place; f16 and bf16 are widened into `buf`, which is reused.
 pub(crate) fn with_f32<R>(

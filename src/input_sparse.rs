@@ -26,7 +26,7 @@ use crate::cpu::{
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights};
-use crate::input::{check_rows, to_tensor, with_f32};
+use crate::input::{check_f32_rows, check_rows, to_tensor, with_f32};
 use crate::profile::Histogram;
 
 /// How an input entry is scored against its matrix's threshold.
@@ -443,19 +443,7 @@ impl InputSparseFfn {
     /// inputs are refused.
     pub fn forward_f32(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
         let h = self.spec.hidden;
-        if x.len() != rows * h {
-            return Err(Error::shape(
-                "input (rows * hidden)",
-                &[Some(rows * h)],
-                &[x.len()],
-            ));
-        }
-        if out.len() != rows * h {
-            return Err(Error::shape("output", &[Some(rows * h)], &[out.len()]));
-        }
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-            return Err(Error::non_finite("input", i));
-        }
+        check_f32_rows(x, rows, h, out)?;
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         for (xr, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
             self.row(&mut s, xr, o);

@@ -128,7 +128,7 @@ fn save_edited(
         serde_json::Value::String(version.into()),
     );
     let mut h = serde_json::to_vec(&header).unwrap();
-    while (8 + h.len()) % 8 != 0 {
+    while !(8 + h.len()).is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

@@ -98,6 +98,19 @@ pub enum ColumnStorage {
     BF16,
 }
 
+/// A quantized matrix's parts as the kernels read them.
+pub(crate) struct QuantParts<'a> {
+    pub kind: QuantKind,
+    /// Padded rows.
+    pub pad: usize,
+    /// Bytes of one column.
+    pub cb: usize,
+    /// Bytes of one block's scale plane.
+    pub pb: usize,
+    pub scales: &'a [u8],
+    pub values: &'a [u8],
+}
+
 /// Bytes of a Q4 or Q8 column of `pad` rows.
 fn column_bytes(kind: QuantKind, pad: usize) -> usize {
     match kind {
@@ -253,6 +266,26 @@ impl ColumnMatrix {
             })
             .collect();
         Ok(m)
+    }
+
+    /// The quantized parts (`None` for float storage).
+    pub(crate) fn quant(&self) -> Option<QuantParts<'_>> {
+        let ColumnData::Quant {
+            kind,
+            scales,
+            values,
+        } = &self.data
+        else {
+            return None;
+        };
+        Some(QuantParts {
+            kind: *kind,
+            pad: self.pad,
+            cb: column_bytes(*kind, self.pad),
+            pb: plane_bytes(*kind, self.pad),
+            scales,
+            values,
+        })
     }
 
     /// Output rows.
@@ -438,15 +471,17 @@ pub(crate) fn product_scalar(
     active: &[u32],
     out: &mut [f32],
 ) {
-    let ColumnData::Quant {
+    let Some(QuantParts {
         kind,
+        cb,
+        pb,
         scales,
         values,
-    } = &m.data
+        ..
+    }) = m.quant()
     else {
         return;
     };
-    let (cb, pb) = (column_bytes(*kind, m.pad), plane_bytes(*kind, m.pad));
     out.fill(0.0);
     for run in block_runs(active) {
         let b = run[0] as usize / QK;
@@ -464,12 +499,12 @@ pub(crate) fn product_scalar(
                 };
                 s += w * x.q[c] as i32;
             }
-            let mn = if *kind == QuantKind::Q4_1 {
+            let mn = if kind == QuantKind::Q4_1 {
                 f16_at(plane, 2 * (m.pad + r))
             } else {
                 0.0
             };
-            *o = scale_block(*kind, *o, s, f16_at(plane, 2 * r), mn, x, b);
+            *o = scale_block(kind, *o, s, f16_at(plane, 2 * r), mn, x, b);
         }
     }
 }
@@ -551,10 +586,7 @@ pub(crate) mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{
-        block_runs, column_bytes, plane_bytes, ColumnData, ColumnMatrix, AHEAD, CHUNK,
-        PREFETCH_BYTES, TILE,
-    };
+    use super::{block_runs, ColumnMatrix, QuantParts, AHEAD, CHUNK, PREFETCH_BYTES, TILE};
     use crate::cpu::quant::{QuantKind, QuantizedRow, QK};
 
     /// # Safety
@@ -574,16 +606,17 @@ pub(crate) mod x86 {
         active: &[u32],
         out: &mut [f32],
     ) {
-        let ColumnData::Quant {
+        let Some(QuantParts {
             kind,
+            pad,
+            cb,
+            pb,
             scales,
             values,
-        } = &m.data
+        }) = m.quant()
         else {
             return;
         };
-        let (kind, pad) = (*kind, m.pad);
-        let (cb, pb) = (column_bytes(kind, pad), plane_bytes(kind, pad));
         let off = match kind {
             QuantKind::Q4_0 => 8,
             QuantKind::Q4_1 => 0,
@@ -723,16 +756,17 @@ pub(crate) mod x86 {
         active: &[u32],
         out: &mut [f32],
     ) {
-        let ColumnData::Quant {
+        let Some(QuantParts {
             kind,
+            pad,
+            cb,
+            pb,
             scales,
             values,
-        } = &m.data
+        }) = m.quant()
         else {
             return;
         };
-        let (kind, pad) = (*kind, m.pad);
-        let (cb, pb) = (column_bytes(kind, pad), plane_bytes(kind, pad));
         out.fill(0.0);
         for run in block_runs(active) {
             let b = run[0] as usize / QK;

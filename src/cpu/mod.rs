@@ -32,19 +32,7 @@ pub use kernels::{CpuTier, Kernels, CPU_TIER_ENV};
 #[inline(always)]
 pub(crate) fn prefetch<T>(s: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let p = s.as_ptr().cast::<i8>();
-        let bytes = std::mem::size_of_val(s);
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: prefetch is a hint; it never faults, even on invalid addresses, and this
-            // address lies inside `s` anyway. SSE is part of the x86-64 baseline.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(off))
-            };
-            off += 64;
-        }
-    }
+    prefetch_with::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(s);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = s;
 }
@@ -54,20 +42,24 @@ pub(crate) fn prefetch<T>(s: &[T]) {
 #[inline(always)]
 pub(crate) fn prefetch_l2<T>(s: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let p = s.as_ptr().cast::<i8>();
-        let bytes = std::mem::size_of_val(s);
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: prefetch is a hint; it never faults, and this address lies inside `s`.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.add(off))
-            };
-            off += 64;
-        }
-    }
+    prefetch_with::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(s);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = s;
+}
+
+/// One prefetch with locality hint `HINT` per 64-byte line of `s`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_with<const HINT: i32, T>(s: &[T]) {
+    let p = s.as_ptr().cast::<i8>();
+    let bytes = std::mem::size_of_val(s);
+    let mut off = 0;
+    while off < bytes {
+        // SAFETY: prefetch is a hint; it never faults, even on invalid addresses, and this
+        // address lies inside `s` anyway. SSE is part of the x86-64 baseline.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.add(off)) };
+        off += 64;
+    }
 }
 
 /// How many neurons ahead the row loops prefetch.

@@ -170,14 +170,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
             ppl_dense,
             &series,
         )?;
-        println!(
-            "pictures: {}",
-            pictures
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        print_pictures(&pictures);
     }
     println!(
         "{}",
@@ -311,13 +304,11 @@ fn input_sweep(
         ppl_dense,
         &series,
     )?;
-    println!(
-        "pictures: {}",
-        pictures
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    print_pictures(&pictures);
     Ok(())
+}
+
+fn print_pictures(pictures: &[std::path::PathBuf]) {
+    let names: Vec<String> = pictures.iter().map(|p| p.display().to_string()).collect();
+    println!("pictures: {}", names.join(", "));
 }

@@ -103,14 +103,8 @@ pub fn sparsity_perplexity(
     dense_ppl: f64,
     series: &[Series],
 ) -> Result<Vec<PathBuf>> {
-    let fig = Sweep::new(
-        title,
-        "FFN sparsity (% of neurons skipped)",
-        dense_ppl,
-        series,
-    )
-    .context("sparsity_perplexity")?;
-    save(dir, stem, &fig)
+    let x = "FFN sparsity (% of neurons skipped)";
+    sweep(dir, stem, title, x, dense_ppl, series).context("sparsity_perplexity")
 }
 
 /// Perplexity against the share of FFN weight bytes skipped per token (%), one line per series
@@ -122,14 +116,19 @@ pub fn bytes_perplexity(
     dense_ppl: f64,
     series: &[Series],
 ) -> Result<Vec<PathBuf>> {
-    let fig = Sweep::new(
-        title,
-        "FFN weight bytes skipped per token (%)",
-        dense_ppl,
-        series,
-    )
-    .context("bytes_perplexity")?;
-    save(dir, stem, &fig)
+    let x = "FFN weight bytes skipped per token (%)";
+    sweep(dir, stem, title, x, dense_ppl, series).context("bytes_perplexity")
+}
+
+fn sweep(
+    dir: &Path,
+    stem: &str,
+    title: &str,
+    x_desc: &'static str,
+    dense_ppl: f64,
+    series: &[Series],
+) -> Result<Vec<PathBuf>> {
+    save(dir, stem, &Sweep::new(title, x_desc, dense_ppl, series)?)
 }
 
 /// A picture that can be drawn on any backend.
