@@ -395,7 +395,7 @@ fn measure_input(
             threads: settings.threads,
         },
     )?;
-    let rule = crate::input::rule_for(&mut m, settings)?;
+    let rule = crate::input::rule_for(&mut m, path, settings)?;
     crate::input::apply(&mut m.model, &rule)?;
     let mut row = measure(&mut m.model, prompt, a.decode_tokens, a.runs, "input")?;
     m.model.clear_kv_cache();

@@ -36,7 +36,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
         },
     ) {
         Ok(mut m) => {
-            let rule = crate::input::rule_for(&mut m, &settings)?;
+            let rule = crate::input::rule_for(&mut m, &path, &settings)?;
             crate::input::apply(&mut m.model, &rule)?;
             let label = format!(
                 "{} rule at {:.0}% target (gate/up/down {:.0}/{:.0}/{:.0}% of entries)",

@@ -194,14 +194,17 @@ pub(crate) fn apply(model: &mut Llama, rule: &InputRuleMeta) -> Result<()> {
     Ok(())
 }
 
-/// The rule `bench` and the demo run: the artifact's (`--powerinfer`, version 2) or the
-/// default calibrated now on `calibration` tokens of speeches up to 1999.
+/// The rule `bench` and the demo run on `model`: the artifact's (`--powerinfer`, format version
+/// 2, checked against the model file) or the default calibrated now on `calibration` tokens of
+/// speeches up to 1999.
 pub(crate) fn rule_for(
     m: &mut Loaded,
+    model: &std::path::Path,
     settings: &crate::common::SparseSettings,
 ) -> Result<InputRuleMeta> {
     if let Some(path) = &settings.artifact {
         let a = powerinfer::Artifact::load(path)?;
+        a.check_model(&powerinfer_candle::model_sha256(model)?)?;
         if let Some(r) = a.meta.input_rule {
             return Ok(r);
         }

@@ -168,6 +168,10 @@ fn analyze_then_use_the_artifact() {
     assert_eq!(artifact.layers.len(), 30);
     assert!(artifact.meta.hot_bytes + artifact.meta.predictor_bytes <= 8 << 20);
     assert_eq!(artifact.meta.calibration.tokens, 1536);
+    // Format 2: the input-sparse rule, calibrated on the threshold tokens, one entry per layer.
+    let rule = artifact.meta.input_rule.as_ref().expect("an input rule");
+    assert_eq!((rule.thresholds.len(), rule.tokens), (30, 512));
+    assert!(rule.thresholds.iter().all(|t| t.gate > 0.0 && t.down > 0.0));
 
     // eval: dense, exact, trained (audited) and a one-point sweep with its picture.
     let (ok, out, err) = powerinfer(&[
@@ -208,6 +212,15 @@ fn analyze_then_use_the_artifact() {
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("\"mode\":\"trained\""), "{out}");
+    // ... and one for the artifact's input-sparse rule, with the FFN bytes it skipped.
+    let input: serde_json::Value = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|j| j["mode"] == "input")
+        .expect("an input row");
+    let skipped = input["ffn_bytes_skipped"].as_f64().unwrap();
+    assert!(skipped > 0.05 && skipped < 0.6, "{out}");
+    assert!(input["bytes_per_token"].as_f64().unwrap() > 0.0);
 
     // A different model file (one byte changed) refuses the artifact.
     let src = powerinfer_candle::fetch::smollm2(&mut |_| ()).unwrap();
@@ -222,6 +235,24 @@ fn analyze_then_use_the_artifact() {
             "--prompt",
             "hi",
             "--sparse",
+            "--model",
+            other.to_str().unwrap(),
+            "--powerinfer",
+            a,
+        ],
+        "the artifact was made for",
+    );
+    fails_with(
+        &[
+            "bench",
+            "--modes",
+            "input",
+            "--prompt-tokens",
+            "8",
+            "--decode-tokens",
+            "2",
+            "--runs",
+            "1",
             "--model",
             other.to_str().unwrap(),
             "--powerinfer",
