@@ -516,12 +516,16 @@ impl InputSparseFfn {
         if let Some(gm) = &self.gate {
             gate.mask(x, self.weight(gm), t.gate, quant);
         }
-        up.mask(x, self.weight(&self.up), t.up, quant);
+        // `|x|` with one threshold for gate and up (TEAL's default split): one masked input.
+        let shared = self.gate.is_some() && self.score == InputScore::Magnitude && t.gate == t.up;
+        if !shared {
+            up.mask(x, self.weight(&self.up), t.up, quant);
+        }
         let cg = self.gate.as_ref().map_or(0, |g| g.chunks());
         let cu = self.up.chunks();
         gu.resize((cg + cu) * CHUNK, 0.0);
         let k = &self.kernels;
-        let (gate_in, up_in) = (&*gate, &*up);
+        let (gate_in, up_in) = (&*gate, if shared { &*gate } else { &*up });
         self.pool.run_chunks(gu, cg + cu, CHUNK, &|r, part| {
             // Gate chunks first, then up chunks.
             let split = (cg.clamp(r.start, r.end) - r.start) * CHUNK;
@@ -588,7 +592,7 @@ impl InputSparseFfn {
         let mut dense = 0;
         let products = [
             self.gate.as_ref().map(|m| (m, &gate.active)),
-            Some((&self.up, &up.active)),
+            Some((&self.up, &up_in.active)),
             Some((&self.down, &down.active)),
         ];
         for (m, a) in products.into_iter().flatten() {

@@ -161,17 +161,20 @@ impl Predictor for GateFirst {
         let act = spec.activation;
         let exact = act.exact_zeros();
         let dense = input.dense_pass();
+        // What decides: the gate alone (exact zeros), else `h` (smooth gated, or `act(up)`).
+        let gate_only = spec.gated && exact;
         let mut v = Vec::new();
-        // What decides: the gate alone (exact zeros), `h` (smooth gated), or `act(up)`.
-        let keep: Box<dyn Fn(usize, usize) -> bool + '_> = match (spec.gated, exact) {
-            (true, true) => {
-                dense.products(&[NeuronRow::Gate], &mut v);
-                Box::new(|i, r| act.apply(v[i * rows + r]) > t)
-            }
-            _ => {
-                let mut tmp = Vec::new();
-                dense.contributions(&mut v, &mut tmp);
-                Box::new(|i, r| v[i * rows + r].abs() > t)
+        if gate_only {
+            dense.products(&[NeuronRow::Gate], &mut v);
+        } else {
+            dense.contributions(&mut v, &mut Vec::new());
+        }
+        let keep = |i: usize, r: usize| {
+            let x = v[i * rows + r];
+            if gate_only {
+                act.apply(x) > t
+            } else {
+                x.abs() > t
             }
         };
         for i in 0..n {

@@ -60,21 +60,20 @@ impl InputModel {
     }
 
     fn scores(&mut self, score: InputScore) -> Result<&[InputScores]> {
-        if !self.scores.iter().any(|(s, _)| *s == score) {
-            let pb = spinner(format!("calibrating {} scores", score.name()));
-            let sc = self
-                .m
-                .model
-                .record_input_scores(&self.calib, self.ctx, score)?;
-            pb.finish_and_clear();
-            self.scores.push((score, sc));
-        }
-        Ok(&self
-            .scores
-            .iter()
-            .find(|(s, _)| *s == score)
-            .expect("recorded")
-            .1)
+        let at = match self.scores.iter().position(|(s, _)| *s == score) {
+            Some(at) => at,
+            None => {
+                let pb = spinner(format!("calibrating {} scores", score.name()));
+                let sc = self
+                    .m
+                    .model
+                    .record_input_scores(&self.calib, self.ctx, score)?;
+                pb.finish_and_clear();
+                self.scores.push((score, sc));
+                self.scores.len() - 1
+            }
+        };
+        Ok(&self.scores[at].1)
     }
 
     /// Sets `score` with per-layer thresholds dropping the fractions `alloc` of the calibration
