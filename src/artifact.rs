@@ -46,12 +46,29 @@ pub struct InputRuleMeta {
     pub score: String,
     /// Target share of the FFN weight bytes skipped the thresholds were chosen for.
     pub target: f64,
-    /// Fractions of the gate, up and down entries dropped in each layer.
+    /// Fractions of the gate, up and down entries dropped in each layer (their mean over layers
+    /// when `layer_allocations` is not empty).
     pub allocation: [f64; 3],
+    /// Per-layer fractions when they differ between layers (the greedy split); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_allocations: Vec<[f64; 3]>,
     /// Calibration tokens the score histograms came from.
     pub tokens: u64,
     /// Per layer.
     pub thresholds: Vec<InputThresholds>,
+    /// Input sparsity on the attention projections too, when the rule has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<AttentionRuleMeta>,
+}
+
+/// TEAL's `|x|` rule on the attention projections: what `InputSparseLinear` runs on the q/k/v
+/// input and on the o input of each layer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttentionRuleMeta {
+    /// Fraction of each input's calibration entries dropped.
+    pub fraction: f64,
+    /// `[q/k/v input, o input]` per layer.
+    pub thresholds: Vec<[f32; 2]>,
 }
 
 impl InputRuleMeta {
@@ -439,6 +456,26 @@ impl Artifact {
                     path,
                     format!("input rule, layer {l}: thresholds must be finite and at least 0"),
                 ));
+            }
+            if let Some(a) = &r.attention {
+                if a.thresholds.len() != m.layers.len() {
+                    return Err(bad(
+                        path,
+                        format!(
+                            "attention rule has {} layers of thresholds, the model {}",
+                            a.thresholds.len(),
+                            m.layers.len()
+                        ),
+                    ));
+                }
+                if let Some(l) = a.thresholds.iter().position(|t| !(ok(t[0]) && ok(t[1]))) {
+                    return Err(bad(
+                        path,
+                        format!(
+                            "attention rule, layer {l}: thresholds must be finite and at least 0"
+                        ),
+                    ));
+                }
             }
         }
         if m.hot_bytes + m.predictor_bytes > m.budget {

@@ -27,15 +27,27 @@ pub(crate) fn check_rows(xs: &Tensor, width: usize, tensor: &str) -> Result<usiz
 
 /// Checks an FFN's f32 call: `x` and `out` hold `rows` rows of `width` values, `x` finite.
 pub(crate) fn check_f32_rows(x: &[f32], rows: usize, width: usize, out: &[f32]) -> Result<()> {
-    if x.len() != rows * width {
+    check_f32_rows_io(x, rows, width, out, width)
+}
+
+/// Checks a layer's f32 call: `x` holds `rows` rows of `input` values, `out` of `output`, `x`
+/// finite.
+pub(crate) fn check_f32_rows_io(
+    x: &[f32],
+    rows: usize,
+    input: usize,
+    out: &[f32],
+    output: usize,
+) -> Result<()> {
+    if x.len() != rows * input {
         return Err(Error::shape(
-            "input (rows * hidden)",
-            &[Some(rows * width)],
+            "input (rows * width)",
+            &[Some(rows * input)],
             &[x.len()],
         ));
     }
-    if out.len() != rows * width {
-        return Err(Error::shape("output", &[Some(rows * width)], &[out.len()]));
+    if out.len() != rows * output {
+        return Err(Error::shape("output", &[Some(rows * output)], &[out.len()]));
     }
     check_finite(x)
 }

@@ -49,8 +49,8 @@ mod train;
 pub use activation::Activation;
 pub use active::ActiveSet;
 pub use artifact::{
-    activation_name, model_sha256, Artifact, ArtifactMeta, CalibrationSummary, InputRuleMeta,
-    LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
+    activation_name, model_sha256, Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary,
+    InputRuleMeta, LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
 };
 pub use cpu::{
     attend, dequantize_row, dequantize_split_row, quantize_row_q8_0, share, split_row,
@@ -60,7 +60,10 @@ pub use cpu::{
 pub use error::{Error, ErrorKind, Result};
 pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 pub use hybrid::{HybridFfn, HybridOptions, PrefillPolicy};
-pub use input_sparse::{FfnTraffic, InputScore, InputScores, InputSparseFfn, InputThresholds};
+pub use input_sparse::{
+    ChessRule, GreedyPath, GreedyStep, InputScore, InputScores, InputSparseFfn, InputSparseLinear,
+    InputThresholds, WeightTraffic, MAX_SAMPLES, SAMPLE_EVERY,
+};
 pub use interop::{
     parse_gpuidx, read_gguf, read_gpuidx, GgufMagic, PowerInferFile, PreNormLowRank, RowRms,
     GGUF_MAGIC, POWERINFER_DEFAULT_THRESHOLD, POWERINFER_MAGIC, SPARSE_THRESHOLD_KEY,

@@ -36,7 +36,7 @@ impl std::fmt::Debug for QLinear {
 }
 
 /// The block type of a GGUF tensor our integer kernels take.
-fn quant_kind(w: &QTensor) -> Result<QuantKind> {
+pub(crate) fn quant_kind(w: &QTensor) -> Result<QuantKind> {
     match w.dtype() {
         GgmlDType::Q4_0 => Ok(QuantKind::Q4_0),
         GgmlDType::Q4_1 => Ok(QuantKind::Q4_1),
@@ -48,7 +48,7 @@ fn quant_kind(w: &QTensor) -> Result<QuantKind> {
     }
 }
 
-fn dims2(w: &QTensor) -> Result<(usize, usize)> {
+pub(crate) fn dims2(w: &QTensor) -> Result<(usize, usize)> {
     match w.shape().dims() {
         &[o, i] if o > 0 && i > 0 && i % crate::cpu::QK == 0 => Ok((o, i)),
         d => Err(Error::shape("QLinear weight", &[None, None], d)),

@@ -2,8 +2,8 @@
 
 use half::f16;
 use powerinfer::{
-    Artifact, ArtifactMeta, CalibrationSummary, ErrorKind, InputRuleMeta, InputThresholds,
-    LayerMeta, LayerTensors, QUANTILE_STEPS,
+    Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary, ErrorKind, InputRuleMeta,
+    InputThresholds, LayerMeta, LayerTensors, QUANTILE_STEPS,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -63,6 +63,7 @@ fn sample(layers: usize, hidden: usize, n: usize, rank: usize) -> Artifact {
             score: "teal".into(),
             target: 0.25,
             allocation: [0.19, 0.19, 0.375],
+            layer_allocations: (0..layers).map(|l| [0.1 * l as f64, 0.2, 0.4]).collect(),
             tokens: 2048,
             thresholds: (0..layers)
                 .map(|l| InputThresholds {
@@ -71,6 +72,10 @@ fn sample(layers: usize, hidden: usize, n: usize, rank: usize) -> Artifact {
                     down: 0.003,
                 })
                 .collect(),
+            attention: Some(AttentionRuleMeta {
+                fraction: 0.2,
+                thresholds: (0..layers).map(|l| [0.05 * l as f32, 0.01]).collect(),
+            }),
         }),
     };
     Artifact {
@@ -169,6 +174,24 @@ fn version_1_loads_without_an_input_rule_and_bad_rules_are_refused() {
         assert!(msg.contains("input") || msg.contains("relu"), "{msg}");
         std::fs::remove_file(p).unwrap();
     }
+    // The attention part: one pair per layer, finite, at least 0; a rule without it loads.
+    let bad = [
+        serde_json::json!([[0.0, 0.0]]),
+        serde_json::json!([[0.0, 0.0], [0.1, -1.0]]),
+    ];
+    for (i, v) in bad.into_iter().enumerate() {
+        let p = save_edited(&a, &format!("badattention{i}"), "2", |m| {
+            m["input_rule"]["attention"]["thresholds"] = v.clone();
+        });
+        assert!(artifact_error(&p).contains("attention rule"));
+        std::fs::remove_file(p).unwrap();
+    }
+    let p2 = save_edited(&a, "noattention", "2", |m| {
+        m["input_rule"].as_object_mut().unwrap().remove("attention");
+    });
+    let r = Artifact::load(&p2).unwrap().meta.input_rule.unwrap();
+    assert_eq!((r.attention, r.thresholds.len()), (None, 2));
+    std::fs::remove_file(p2).unwrap();
     for p in [p, p3] {
         std::fs::remove_file(p).unwrap();
     }

@@ -2,12 +2,12 @@
 
 use candle_core::D;
 use powerinfer::{
-    ActivationStats, FfnTraffic, GateFirst, InputScore, InputScores, InputSparseFfn,
-    InputThresholds,
+    ActivationStats, ChessRule, GateFirst, GreedyPath, Histogram, InputScore, InputScores,
+    InputSparseFfn, InputSparseLinear, InputThresholds, WeightTraffic,
 };
 
 use crate::error::{ErrorKind, Result};
-use crate::model::{Ffn, Llama};
+use crate::model::{Attention, Ffn, Llama, Projection};
 
 impl Llama {
     pub(crate) fn hybrids(&mut self) -> Result<Vec<&mut powerinfer::HybridFfn>> {
@@ -147,6 +147,70 @@ impl Llama {
         Ok(out)
     }
 
+    /// TEAL's greedy split of each layer's sparsity between gate, up and down, up to `target`
+    /// in steps of `step` (see [`InputSparseFfn::greedy_allocation`]), measured on the rows
+    /// sampled in `scores` (from [`Llama::record_input_scores`] on this model).
+    pub fn greedy_input_allocation(
+        &mut self,
+        scores: &[InputScores],
+        target: f64,
+        step: f64,
+    ) -> Result<Vec<GreedyPath>> {
+        let layers = self.input_sparse()?;
+        if layers.len() != scores.len() {
+            return Err(layer_count(
+                "input score histograms",
+                layers.len(),
+                scores.len(),
+            ));
+        }
+        layers
+            .into_iter()
+            .zip(scores)
+            .map(|(f, s)| Ok(f.greedy_allocation(s, target, step)?))
+            .collect()
+    }
+
+    /// Each layer's CHESS rule skipping about `fraction` of its neurons, from the up
+    /// values and rows recorded in `scores` ([`Llama::record_input_scores`] on this model).
+    pub fn chess_rules(&mut self, scores: &[InputScores], fraction: f64) -> Result<Vec<ChessRule>> {
+        let layers = self.input_sparse()?;
+        if layers.len() != scores.len() {
+            return Err(layer_count(
+                "input score histograms",
+                layers.len(),
+                scores.len(),
+            ));
+        }
+        layers
+            .into_iter()
+            .zip(scores)
+            .map(|(f, s)| Ok(f.chess_rule(s, fraction)?))
+            .collect()
+    }
+
+    /// Sets every layer's CHESS rule (`None`: every neuron computed); needs a model loaded
+    /// with `FfnMode::InputSparse { up_rows: true, .. }`.
+    pub fn set_chess_rules(&mut self, rules: Option<&[ChessRule]>) -> Result<()> {
+        let layers = self.input_sparse()?;
+        match rules {
+            None => {
+                for f in layers {
+                    f.set_chess_rule(None)?;
+                }
+            }
+            Some(r) => {
+                if layers.len() != r.len() {
+                    return Err(layer_count("CHESS rules", layers.len(), r.len()));
+                }
+                for (f, r) in layers.into_iter().zip(r) {
+                    f.set_chess_rule(Some(r.clone()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Sets every layer's input-sparse rule: `score` and one [`InputThresholds`] per layer.
     pub fn set_input_rule(
         &mut self,
@@ -155,15 +219,11 @@ impl Llama {
     ) -> Result<()> {
         let layers = self.input_sparse()?;
         if layers.len() != thresholds.len() {
-            return Err(ErrorKind::Engine(
-                powerinfer::ErrorKind::LayerCount {
-                    what: "input thresholds".into(),
-                    expected: layers.len(),
-                    got: thresholds.len(),
-                }
-                .into(),
-            )
-            .into());
+            return Err(layer_count(
+                "input thresholds",
+                layers.len(),
+                thresholds.len(),
+            ));
         }
         for (f, t) in layers.into_iter().zip(thresholds) {
             f.set_rule(score, *t)?;
@@ -171,10 +231,109 @@ impl Llama {
         Ok(())
     }
 
+    /// Whether the attention projections run on input-sparse columns
+    /// (`FfnMode::InputSparse { attention: true, .. }` on a GGUF file).
+    pub fn input_sparse_attention(&self) -> bool {
+        !self.layers.is_empty()
+            && self.layers.iter().all(|l| {
+                matches!(
+                    &l.attn,
+                    Attention::Fused {
+                        qkv: Projection::Columns(_),
+                        o: Projection::Columns(_)
+                    }
+                )
+            })
+    }
+
+    /// The input-sparse attention projections, `[qkv, o]` per layer.
+    fn sparse_attention(&mut self) -> Result<Vec<[&mut InputSparseLinear; 2]>> {
+        self.layers
+            .iter_mut()
+            .map(|l| match &mut l.attn {
+                Attention::Fused {
+                    qkv: Projection::Columns(qkv),
+                    o: Projection::Columns(o),
+                } => Ok([&mut **qkv, &mut **o]),
+                _ => Err(ErrorKind::Engine(powerinfer::Error::config(
+                    "attention",
+                    "this needs a GGUF model loaded with FfnMode::InputSparse { attention: true, .. }",
+                ))
+                .into()),
+            })
+            .collect()
+    }
+
+    /// Calibration of the attention rule: runs `tokens` (windows of `chunk`) with every
+    /// attention threshold at 0 and returns each layer's `|x|` histograms of the q/k/v input and
+    /// of the o input. The thresholds are restored afterwards.
+    pub fn record_attention_scores(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+    ) -> Result<Vec<[Histogram; 2]>> {
+        let mut saved = Vec::new();
+        for p in self.sparse_attention()? {
+            for l in p {
+                saved.push(l.threshold());
+                l.set_threshold(0.0)?;
+                l.record_scores();
+            }
+        }
+        let run = self.run_chunks(tokens, chunk, |_, _| Ok(()));
+        let mut out = Vec::new();
+        let mut saved = saved.into_iter();
+        for p in self.sparse_attention()? {
+            let mut hists = [Histogram::default(), Histogram::default()];
+            for (l, h) in p.into_iter().zip(&mut hists) {
+                l.take_traffic();
+                *h = l.take_scores().unwrap_or_default();
+                l.set_threshold(saved.next().unwrap_or(0.0))?;
+            }
+            out.push(hists);
+        }
+        run?;
+        Ok(out)
+    }
+
+    /// Sets every layer's attention thresholds on `|x|`: `[q/k/v input, o input]` per layer.
+    pub fn set_attention_rule(&mut self, thresholds: &[[f32; 2]]) -> Result<()> {
+        let layers = self.sparse_attention()?;
+        if layers.len() != thresholds.len() {
+            return Err(layer_count(
+                "attention thresholds",
+                layers.len(),
+                thresholds.len(),
+            ));
+        }
+        for ([qkv, o], t) in layers.into_iter().zip(thresholds) {
+            qkv.set_threshold(t[0])?;
+            o.set_threshold(t[1])?;
+        }
+        Ok(())
+    }
+
+    /// Weight bytes the input-sparse attention projections read since the last call, summed
+    /// over layers (zero when they are dense rows).
+    pub fn take_attention_traffic(&mut self) -> WeightTraffic {
+        let mut t = WeightTraffic::default();
+        for l in &self.layers {
+            if let Attention::Fused {
+                qkv: Projection::Columns(qkv),
+                o: Projection::Columns(o),
+            } = &l.attn
+            {
+                t.add(&qkv.take_traffic());
+                t.add(&o.take_traffic());
+            }
+        }
+        t
+    }
+
     /// Weight bytes the input-sparse FFNs read since the last call, summed over layers (zero
     /// for other FFNs).
-    pub fn take_ffn_traffic(&mut self) -> FfnTraffic {
-        let mut t = FfnTraffic::default();
+    pub fn take_ffn_traffic(&mut self) -> WeightTraffic {
+        let mut t = WeightTraffic::default();
         for l in &self.layers {
             if let Ffn::InputSparse(f) = &l.ffn {
                 t.add(&f.take_traffic());
@@ -224,4 +383,17 @@ impl Llama {
         }
         Ok((nll / n as f64).exp())
     }
+}
+
+/// A typed error for a per-layer list of the wrong length.
+fn layer_count(what: &str, expected: usize, got: usize) -> crate::error::Error {
+    ErrorKind::Engine(
+        powerinfer::ErrorKind::LayerCount {
+            what: what.into(),
+            expected,
+            got,
+        }
+        .into(),
+    )
+    .into()
 }

@@ -30,7 +30,7 @@ use powerinfer::{attend, HybridFfn, KvRows, Pool, QLinear, QuantizedRow, RowRms}
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
-use crate::model::{Attention, Clock, Ffn, Lap, Layer};
+use crate::model::{Attention, Clock, Ffn, Lap, Layer, Projection};
 
 /// A dense FFN on the file's blocks through our kernels: gate and up stacked in one `QLinear`,
 /// `act(gate) * up` in f32, the activations quantized once, and the down `QLinear`. With Q4_1
@@ -268,8 +268,13 @@ impl Decoder {
             }
             clock.lap(Lap::Other);
             // 2. q, k, v in one product.
-            let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.h, hidden);
-            qkv.forward_quantized(xq, &mut s.qkv, &mut s.tmp)?;
+            match qkv {
+                Projection::Rows(qkv) => {
+                    let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.h, hidden);
+                    qkv.forward_quantized(xq, &mut s.qkv, &mut s.tmp)?;
+                }
+                Projection::Columns(qkv) => qkv.forward_f32(&s.h, rows, &mut s.qkv)?,
+            }
             // 3. RoPE in place, keys and values into the cache.
             let cache = &mut self.kv[l];
             for r in 0..rows {
@@ -314,8 +319,13 @@ impl Decoder {
             if failed.into_inner() {
                 return Err(fused_error("attention slices do not match the cache"));
             }
-            let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.att, qw);
-            o.forward_quantized(xq, &mut s.f, &mut s.tmp)?;
+            match o {
+                Projection::Rows(o) => {
+                    let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.att, qw);
+                    o.forward_quantized(xq, &mut s.f, &mut s.tmp)?;
+                }
+                Projection::Columns(o) => o.forward_f32(&s.att, rows, &mut s.f)?,
+            }
             clock.lap(Lap::Attention);
             // 5. Residual, FFN norm, FFN.
             if let Some(Some(rms)) = pre_norm_rms.get(l) {

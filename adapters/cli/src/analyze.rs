@@ -57,6 +57,12 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
     if a.train_rows == 0 || a.val_rows == 0 {
         bail!("--train-rows and --val-rows must be at least 1");
     }
+    if !(0.0..=0.95).contains(&a.attention_sparsity) {
+        bail!(
+            "--attention-sparsity {}: expected a value in [0, 0.95]",
+            a.attention_sparsity
+        );
+    }
     let budget = parse_budget(&a.budget)?;
     let opts = TrainOptions {
         rank: a.rank,
@@ -210,8 +216,14 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
     // The input-sparse rule, calibrated on the same threshold tokens (GGUF Q4_0/Q4_1/Q8_0 FFNs
     // and float checkpoints; other block types have no column layout yet).
     let threads = powerinfer::HybridOptions::default().threads;
-    let input_rule = match load(&path, &FfnMode::InputSparse { threads }) {
-        Ok(mut im) => Some(crate::input::default_rule(&mut im.model, head, a.ctx)?),
+    let attention = a.attention_sparsity;
+    let input_rule = match crate::input::load_input(&path, threads, attention > 0.0) {
+        Ok(mut im) => Some(crate::input::default_rule(
+            &mut im.model,
+            head,
+            a.ctx,
+            attention,
+        )?),
         Err(e) => {
             eprintln!("no input-sparse rule in the artifact: {e:#}");
             None

@@ -26,6 +26,8 @@ struct Row {
     /// Share of the FFN weight bytes not read per decoded token (`dense`/`all`: 0; `input`:
     /// measured).
     ffn_bytes_skipped: Option<f64>,
+    /// The same for the attention projections (`input` on GGUF files).
+    attention_bytes_skipped: Option<f64>,
 }
 
 impl Row {
@@ -40,6 +42,7 @@ impl Row {
             bytes: None,
             sparsity: None,
             ffn_bytes_skipped: None,
+            attention_bytes_skipped: None,
         }
     }
 }
@@ -152,6 +155,7 @@ fn measure(
         bytes: Some(model.decode_bytes().per_token(positions, 0.0)),
         sparsity: None,
         ffn_bytes_skipped: (mode == "dense" || mode == "all").then_some(0.0),
+        attention_bytes_skipped: (mode == "dense" || mode == "all").then_some(0.0),
     })
 }
 
@@ -389,26 +393,27 @@ fn measure_input(
     prompt: &[u32],
     a: &BenchArgs,
 ) -> Result<Row> {
-    let mut m = load(
-        path,
-        &FfnMode::InputSparse {
-            threads: settings.threads,
-        },
-    )?;
+    let mut m =
+        crate::input::load_input(path, settings.threads, settings.attention_sparsity > 0.0)?;
     let rule = crate::input::rule_for(&mut m, path, settings)?;
     crate::input::apply(&mut m.model, &rule)?;
     let mut row = measure(&mut m.model, prompt, a.decode_tokens, a.runs, "input")?;
     m.model.clear_kv_cache();
     let mut next = argmax(m.model.forward_logits(prompt, 0)?);
     m.model.take_ffn_traffic();
+    m.model.take_attention_traffic();
     for i in 0..a.decode_tokens {
         next = argmax(m.model.forward_logits(&[next], prompt.len() + i)?);
     }
     let skipped = m.model.take_ffn_traffic().skipped();
+    let attention = m.model.take_attention_traffic().skipped();
     let db = m.model.decode_bytes();
     let ffn = (db.ffn_gate_up + db.ffn_down) as f64;
-    row.bytes = row.bytes.map(|b| b - ffn * skipped);
+    row.bytes = row
+        .bytes
+        .map(|b| b - ffn * skipped - db.attention as f64 * attention);
     row.ffn_bytes_skipped = Some(skipped);
+    row.attention_bytes_skipped = Some(attention);
     Ok(row)
 }
 
@@ -500,6 +505,7 @@ fn print_table(
                 }),
                 "bytes_per_token": r.bytes, "floor_ms": floor, "read_bandwidth_gbs": bw,
                 "realized_sparsity": r.sparsity, "ffn_bytes_skipped": r.ffn_bytes_skipped,
+                "attention_bytes_skipped": r.attention_bytes_skipped,
             })
         );
     }
@@ -507,10 +513,11 @@ fn print_table(
     if let Some(s) = find("sparse").and_then(|r| r.sparsity) {
         println!("sparse: realized FFN sparsity {:.1}%", s * 100.0);
     }
-    if let Some(s) = find("input").and_then(|r| r.ffn_bytes_skipped) {
+    if let Some(r) = find("input") {
         println!(
-            "input: {:.1}% of the FFN weight bytes skipped per decoded token",
-            s * 100.0
+            "input: {:.1}% of the FFN weight bytes and {:.1}% of the attention projections' skipped per decoded token",
+            r.ffn_bytes_skipped.unwrap_or(0.0) * 100.0,
+            r.attention_bytes_skipped.unwrap_or(0.0) * 100.0
         );
     }
     if !fused {

@@ -32,6 +32,8 @@ pub struct SparseSettings {
     pub artifact: Option<PathBuf>,
     /// With an artifact: score thresholds for this sparsity instead of the target-recall ones.
     pub predictor_sparsity: Option<f64>,
+    /// Fraction of the attention projections' input entries the input rule drops (0: dense).
+    pub attention_sparsity: f64,
 }
 
 impl SparseSettings {
@@ -69,6 +71,12 @@ impl SparseSettings {
                 );
             }
         }
+        if !(0.0..=0.95).contains(&a.attention_sparsity) {
+            bail!(
+                "--attention-sparsity {}: expected a value in [0, 0.95]",
+                a.attention_sparsity
+            );
+        }
         if let Some(p) = &a.powerinfer {
             if !p.is_file() {
                 bail!("--powerinfer {}: no such file", p.display());
@@ -88,6 +96,7 @@ impl SparseSettings {
             powerinfer_linears: !a.candle_linears,
             artifact: a.powerinfer.clone(),
             predictor_sparsity: a.predictor_sparsity,
+            attention_sparsity: a.attention_sparsity,
         })
     }
 

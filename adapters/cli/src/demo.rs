@@ -29,17 +29,20 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
 
     // The input-sparse FFN with the calibrated rule (the artifact's, or calibrated now); files
     // whose FFN blocks have no column layout fall back to exact |h| thresholding.
-    let (s, label, realized) = match load(
+    let (s, label, realized) = match crate::input::load_input(
         &path,
-        &FfnMode::InputSparse {
-            threads: settings.threads,
-        },
+        settings.threads,
+        settings.attention_sparsity > 0.0,
     ) {
         Ok(mut m) => {
             let rule = crate::input::rule_for(&mut m, &path, &settings)?;
             crate::input::apply(&mut m.model, &rule)?;
+            let attention = match (&rule.attention, m.model.input_sparse_attention()) {
+                (Some(a), true) => format!(", attention {:.0}%", a.fraction * 100.0),
+                _ => String::new(),
+            };
             let label = format!(
-                "{} rule at {:.0}% target (gate/up/down {:.0}/{:.0}/{:.0}% of entries)",
+                "{} rule at {:.0}% target (gate/up/down {:.0}/{:.0}/{:.0}% of entries{attention})",
                 rule.score,
                 rule.target * 100.0,
                 rule.allocation[0] * 100.0,
@@ -53,10 +56,19 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
                 &format!("input-sparse FFN (powerinfer, {label})"),
             )?;
             let skipped = m.model.take_ffn_traffic().skipped();
+            let attention = m.model.take_attention_traffic();
+            let attention = if attention.rows > 0 {
+                format!(", {:.1}% of the attention's", attention.skipped() * 100.0)
+            } else {
+                String::new()
+            };
             (
                 s,
                 label,
-                format!("{:.1}% of the FFN weight bytes skipped", skipped * 100.0),
+                format!(
+                    "{:.1}% of the FFN weight bytes skipped{attention}",
+                    skipped * 100.0
+                ),
             )
         }
         Err(e) => {

@@ -228,8 +228,9 @@ fn parse_sweep(s: &Option<String>) -> Result<Vec<f64>> {
         .collect()
 }
 
-/// `--input-rules`: each rule at each target, its allocation chosen on calibration text, its
-/// held-out perplexity and the share of FFN weight bytes skipped; a JSON line per point.
+/// `--input-rules`: each rule at each target, its split chosen on calibration text, its
+/// held-out perplexity and the share of FFN weight bytes skipped; with `--input-attention`, each
+/// point also at each attention fraction. A JSON line per point.
 fn input_sweep(
     a: &EvalArgs,
     path: &std::path::Path,
@@ -240,67 +241,132 @@ fn input_sweep(
 ) -> Result<()> {
     let rules = crate::input::parse_rules(rules)?;
     let targets = crate::input::parse_targets(&a.input_sweep)?;
-    let mut im =
-        crate::input::InputModel::load(path, settings.threads, settings.calibration_tokens, a.ctx)?;
+    let split = a
+        .input_split
+        .as_deref()
+        .map(crate::input::Split::parse)
+        .transpose()?;
+    let attention = match &a.input_attention {
+        Some(s) => {
+            let mut v = crate::input::parse_targets(s)?;
+            v.retain(|&x| x > 0.0);
+            v.insert(0, 0.0);
+            v
+        }
+        None => vec![0.0],
+    };
+    let with_attention = attention.len() > 1;
+    // One model per layout: up as columns (teal, wina, h) or as rows (chess).
+    let mut models: [Option<crate::input::InputModel>; 2] = [None, None];
     let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
-    println!("rule  target  allocation (gate/up/down)  calib ppl  held-out ppl  vs dense  FFN bytes skipped");
+    println!("rule  target  split     allocation (gate/up/down)  attention  calib ppl  held-out ppl  vs dense  FFN bytes skipped  projection bytes skipped");
     let mut series = Vec::new();
     for &rule in &rules {
-        let mut points = Vec::new();
-        for &s in &targets {
-            let (score, alloc, calib) = im.choose(rule, s, a.input_down, 1024)?;
-            im.set(score, alloc)?;
-            let pb = spinner(format!("{} at {:.0}%", rule.name(), s * 100.0));
-            let (p, skipped) = im.perplexity(text)?;
-            pb.finish_and_clear();
-            points.push((skipped, p));
-            println!(
-                "{:<5} {:>5.0}%  {:>4.0}% / {:>3.0}% / {:>3.0}%          {calib:>9.3}  {p:>12.3}  {:>+7.2}%  {:>16.1}%",
-                rule.name(),
-                s * 100.0,
-                alloc[0] * 100.0,
-                alloc[1] * 100.0,
-                alloc[2] * 100.0,
-                rel(p),
-                skipped * 100.0
-            );
-            println!(
-                "{}",
-                json!({
-                    "rule": rule.name(), "target": s, "allocation": alloc, "tokens": text.len(),
-                    "ctx": a.ctx, "ppl_dense": ppl_dense, "ppl_sparse": p,
-                    "ffn_bytes_skipped": skipped, "calibration_ppl": calib,
-                })
-            );
-        }
-        // Points past 1.5x the dense perplexity would flatten every other curve: left out of
-        // the picture (they are in the table and the JSON lines).
-        let kept: Vec<(f64, f64)> = points
-            .iter()
-            .copied()
-            .filter(|&(_, p)| p <= 1.5 * ppl_dense)
-            .collect();
-        let cut = if kept.len() < points.len() {
-            " (points above 1.5x dense left out)"
-        } else {
-            ""
+        let im = match &mut models[usize::from(rule.up_rows())] {
+            Some(im) => im,
+            slot => slot.insert(crate::input::InputModel::load(
+                path,
+                settings.threads,
+                settings.calibration_tokens,
+                a.ctx,
+                with_attention,
+                rule.up_rows(),
+            )?),
         };
-        series.push(Series {
-            name: match rule {
-                crate::input::Rule::HOnly => format!("|h| on down only{cut}"),
-                crate::input::Rule::Input(sc) => format!("{} (gate, up, down){cut}", sc.name()),
-            },
-            points: kept,
-        });
+        let mut points = vec![Vec::new(); attention.len()];
+        for &s in &targets {
+            if with_attention {
+                im.set_attention(0.0)?;
+            }
+            let (chosen, alloc, calib) = im.choose(rule, s, split, 1024)?;
+            let split_name = chosen.map_or("-".to_string(), |s| s.name());
+            for (i, &att) in attention.iter().enumerate() {
+                if with_attention {
+                    im.set_attention(att)?;
+                }
+                let pb = spinner(format!(
+                    "{} at {:.0}%, attention {:.0}%",
+                    rule.name(),
+                    s * 100.0,
+                    att * 100.0
+                ));
+                let (p, ffn, attn) = im.perplexity(text)?;
+                pb.finish_and_clear();
+                let mut all = ffn;
+                all.add(&attn);
+                let (skipped, projections) = (ffn.skipped(), all.skipped());
+                points[i].push((if with_attention { projections } else { skipped }, p));
+                println!(
+                    "{:<5} {:>5.0}%  {:<8}  {:>4.0}% / {:>3.0}% / {:>3.0}%          {:>8.0}%  {calib:>9.3}  {p:>12.3}  {:>+7.2}%  {:>16.1}%  {:>23.1}%",
+                    rule.name(),
+                    s * 100.0,
+                    split_name,
+                    alloc[0] * 100.0,
+                    alloc[1] * 100.0,
+                    alloc[2] * 100.0,
+                    att * 100.0,
+                    rel(p),
+                    skipped * 100.0,
+                    projections * 100.0,
+                );
+                println!(
+                    "{}",
+                    json!({
+                        "rule": rule.name(), "target": s, "split": split_name, "allocation": alloc,
+                        "attention": att, "tokens": text.len(), "ctx": a.ctx,
+                        "ppl_dense": ppl_dense, "ppl_sparse": p, "ffn_bytes_skipped": skipped,
+                        "attention_bytes_skipped": attn.skipped(),
+                        "projection_bytes_skipped": projections, "calibration_ppl": calib,
+                    })
+                );
+            }
+        }
+        for (points, &att) in points.into_iter().zip(&attention) {
+            // Points past 1.5x the dense perplexity would flatten every other curve: left out
+            // of the picture (they are in the table and the JSON lines).
+            let kept: Vec<(f64, f64)> = points
+                .iter()
+                .copied()
+                .filter(|&(_, p)| p <= 1.5 * ppl_dense)
+                .collect();
+            let cut = if kept.len() < points.len() {
+                " (points above 1.5x dense left out)"
+            } else {
+                ""
+            };
+            let name = match rule {
+                crate::input::Rule::HOnly => "|h| on down only".to_string(),
+                crate::input::Rule::Chess => "chess (up rows, |h| on down)".to_string(),
+                crate::input::Rule::Input(sc) => format!("{} (gate, up, down)", sc.name()),
+            };
+            let att = if with_attention {
+                format!(", attention {:.0}%", att * 100.0)
+            } else {
+                String::new()
+            };
+            series.push(Series {
+                name: format!("{name}{att}{cut}"),
+                points: kept,
+            });
+        }
     }
     let (dir, stem) = picture_stem(path);
+    let (what, x) = if with_attention {
+        (
+            "input-attention",
+            "FFN and attention weight bytes skipped per token (%)",
+        )
+    } else {
+        ("input-sweep", "FFN weight bytes skipped per token (%)")
+    };
     let pictures = bytes_perplexity(
         &dir,
-        &format!("{stem}.input-sweep"),
+        &format!("{stem}.{what}"),
         &format!(
-            "Input sparsity: FFN bytes skipped vs perplexity ({} held-out tokens)",
+            "Input sparsity: bytes skipped vs perplexity ({} held-out tokens)",
             text.len()
         ),
+        x,
         ppl_dense,
         &series,
     )?;

@@ -2,7 +2,10 @@
 //! choice of how a target FFN sparsity is split between gate, up and down, and its evaluation.
 
 use anyhow::{bail, Result};
-use powerinfer::{InputRuleMeta, InputScore, InputScores, InputThresholds};
+use powerinfer::{
+    AttentionRuleMeta, GreedyPath, Histogram, InputRuleMeta, InputScore, InputScores,
+    InputThresholds, WeightTraffic,
+};
 use powerinfer_candle::{FfnMode, Llama};
 
 use crate::common::{corpus_tokens, load, spinner, Loaded};
@@ -15,8 +18,60 @@ pub(crate) const DEFAULT_RULE: InputScore = InputScore::Magnitude;
 /// not read; the bytes skipped are lower by the scale planes, which stay read).
 pub(crate) const DEFAULT_TARGET: f64 = 0.28;
 
-/// Down's share of the default rule, as a multiple of the target.
-pub(crate) const DEFAULT_DOWN: f64 = 1.5;
+/// Loads `path` for the input rule: the input-sparse FFN, and with `attention` (GGUF files only)
+/// the attention projections on input-sparse columns.
+pub(crate) fn load_input(
+    path: &std::path::Path,
+    threads: usize,
+    attention: bool,
+) -> Result<Loaded> {
+    load(
+        path,
+        &FfnMode::InputSparse {
+            threads,
+            attention,
+            up_rows: false,
+        },
+    )
+}
+
+/// How the default rule splits its target between gate, up and down.
+pub(crate) const DEFAULT_SPLIT: Split = Split::Down(1.5);
+
+/// Step of the greedy allocation (share of a matrix's entries per step).
+pub(crate) const GREEDY_STEP: f64 = 0.025;
+
+/// How a target share is split between gate, up and down.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Split {
+    /// In every layer, down drops this multiple of the target; gate and up share the rest.
+    Down(f64),
+    /// TEAL's greedy allocation, per layer, by the FFN output error on sampled rows.
+    Greedy,
+}
+
+impl Split {
+    /// `greedy`, or down's multiple (`1.5`).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim() {
+            "greedy" => Ok(Split::Greedy),
+            f => match f.parse::<f64>() {
+                Ok(f) if (0.0..=3.0).contains(&f) => Ok(Split::Down(f)),
+                _ => bail!(
+                    "a split is `greedy` or down's multiple of the target in [0, 3], not `{s}`"
+                ),
+            },
+        }
+    }
+
+    /// For tables and JSON: `greedy`, `down1.5x`.
+    pub fn name(self) -> String {
+        match self {
+            Split::Down(f) => format!("down{f}x"),
+            Split::Greedy => "greedy".into(),
+        }
+    }
+}
 
 /// Fractions of (gate, up, down) entries dropped for a target `s` (three matrices of equal size)
 /// with down taking `f` times its share and gate and up sharing the rest.
@@ -26,10 +81,30 @@ pub(crate) fn allocation(s: f64, f: f64) -> [f64; 3] {
     [gu, gu, d]
 }
 
-/// The candidate splits of target `s`: uniform, and down taking 1.5x and 2x its share (TEAL's
-/// greedy allocation gives down the most).
-pub(crate) fn allocations(s: f64) -> Vec<[f64; 3]> {
-    [1.0, DEFAULT_DOWN, 2.0].map(|f| allocation(s, f)).to_vec()
+/// The candidate splits: uniform, down taking 1.5x and 2x its share, and the greedy one.
+pub(crate) const SPLITS: [Split; 4] = [
+    Split::Down(1.0),
+    Split::Down(1.5),
+    Split::Down(2.0),
+    Split::Greedy,
+];
+
+/// Per-layer fractions of `split` at target `s`, the greedy ones read from `paths`.
+fn fractions(split: Split, s: f64, paths: &[GreedyPath]) -> Result<Vec<[f64; 3]>> {
+    match split {
+        Split::Down(f) => Ok(vec![allocation(s, f); paths.len()]),
+        Split::Greedy => paths
+            .iter()
+            .map(|p| p.at(s))
+            .collect::<Option<_>>()
+            .ok_or_else(|| anyhow::anyhow!("the greedy path stops short of {s}")),
+    }
+}
+
+/// The mean of per-layer fractions.
+pub(crate) fn mean(fr: &[[f64; 3]]) -> [f64; 3] {
+    let n = fr.len().max(1) as f64;
+    [0, 1, 2].map(|m| fr.iter().map(|f| f[m]).sum::<f64>() / n)
 }
 
 /// A model on the input-sparse FFN with its calibration histograms per rule.
@@ -39,23 +114,40 @@ pub(crate) struct InputModel {
     pub ctx: usize,
     calib: Vec<u32>,
     scores: Vec<(InputScore, Vec<InputScores>)>,
+    /// Greedy paths per score and the target they reach.
+    paths: Vec<(InputScore, f64, Vec<GreedyPath>)>,
+    /// `|x|` histograms of the attention projections' inputs (`[q/k/v, o]` per layer).
+    attention: Option<Vec<[Histogram; 2]>>,
 }
 
 impl InputModel {
-    /// Loads `path` on the input-sparse FFN and takes `calibration` tokens of speeches up to 1999.
+    /// Loads `path` on the input-sparse FFN (with `up_rows`, up as rows for the CHESS rule;
+    /// with `attention`, input-sparse attention projections too) and takes `calibration` tokens
+    /// of speeches up to 1999.
     pub fn load(
         path: &std::path::Path,
         threads: usize,
         calibration: usize,
         ctx: usize,
+        attention: bool,
+        up_rows: bool,
     ) -> Result<Self> {
-        let m = load(path, &FfnMode::InputSparse { threads })?;
+        let m = load(
+            path,
+            &FfnMode::InputSparse {
+                threads,
+                attention,
+                up_rows,
+            },
+        )?;
         let calib = corpus_tokens(&m.tok, 1790..=1999, calibration)?;
         Ok(InputModel {
             m,
             ctx,
             calib,
             scores: Vec::new(),
+            paths: Vec::new(),
+            attention: None,
         })
     }
 
@@ -76,53 +168,155 @@ impl InputModel {
         Ok(&self.scores[at].1)
     }
 
-    /// Sets `score` with per-layer thresholds dropping the fractions `alloc` of the calibration
-    /// entries.
-    pub fn set(&mut self, score: InputScore, alloc: [f64; 3]) -> Result<Vec<InputThresholds>> {
+    /// The greedy paths of `score` reaching at least `s`.
+    fn paths(&mut self, score: InputScore, s: f64) -> Result<Vec<GreedyPath>> {
+        if let Some((_, _, p)) = self
+            .paths
+            .iter()
+            .find(|(sc, reach, _)| *sc == score && *reach >= s)
+        {
+            return Ok(p.clone());
+        }
+        let scores = self.scores(score)?.to_vec();
+        let pb = spinner(format!(
+            "greedy {} allocation up to {:.0}%",
+            score.name(),
+            s * 100.0
+        ));
+        let p = self
+            .m
+            .model
+            .greedy_input_allocation(&scores, s, GREEDY_STEP)?;
+        pb.finish_and_clear();
+        self.paths.retain(|(sc, ..)| *sc != score);
+        self.paths.push((score, s, p.clone()));
+        Ok(p)
+    }
+
+    /// Sets `score` with per-layer thresholds dropping, at target `s`, the fractions `split`
+    /// gives of the calibration entries; returns the per-layer fractions and thresholds.
+    pub fn set(
+        &mut self,
+        score: InputScore,
+        split: Split,
+        s: f64,
+    ) -> Result<(Vec<[f64; 3]>, Vec<InputThresholds>)> {
+        let layers = self.scores(score)?.len();
+        let fr = match split {
+            Split::Greedy => fractions(split, s, &self.paths(score, s)?)?,
+            Split::Down(_) => fractions(split, s, &vec![GreedyPath::default(); layers])?,
+        };
         let t: Vec<InputThresholds> = self
             .scores(score)?
             .iter()
-            .map(|s| s.thresholds(alloc))
+            .zip(&fr)
+            .map(|(sc, f)| sc.thresholds(*f))
             .collect::<Option<_>>()
-            .ok_or_else(|| anyhow::anyhow!("no calibration scores for {alloc:?}"))?;
+            .ok_or_else(|| anyhow::anyhow!("no calibration scores for target {s}"))?;
         self.m.model.set_input_rule(score, &t)?;
-        Ok(t)
+        Ok((fr, t))
     }
 
-    /// For target `s`: the allocation with the lowest perplexity on the first `tokens` of the
-    /// calibration text (never the held-out text), and that perplexity. `down` fixes down's
-    /// share (a multiple of `s`); `|h|` alone has one allocation: down drops `3 s`.
+    /// Sets `|h|` on down alone, dropping the fraction `d` of `h`.
+    fn set_h_only(&mut self, d: f64) -> Result<()> {
+        let t: Vec<InputThresholds> = self
+            .scores(InputScore::Magnitude)?
+            .iter()
+            .map(|sc| sc.thresholds([0.0, 0.0, d]))
+            .collect::<Option<_>>()
+            .ok_or_else(|| anyhow::anyhow!("no calibration scores"))?;
+        self.m.model.set_input_rule(InputScore::Magnitude, &t)?;
+        Ok(())
+    }
+
+    /// Sets `rule` at target `s` with the split that gives the lowest perplexity on the first
+    /// `tokens` of the calibration text (never the held-out text), or `split` when given.
+    /// Returns the split, the mean fractions over layers and that perplexity. `|h|` alone has one
+    /// allocation: down drops `3 s`.
     pub fn choose(
         &mut self,
         rule: Rule,
         s: f64,
-        down: Option<f64>,
+        split: Option<Split>,
         tokens: usize,
-    ) -> Result<(InputScore, [f64; 3], f64)> {
-        let (score, candidates) = match (rule, down) {
-            (Rule::Input(score), Some(f)) => (score, vec![allocation(s, f)]),
-            (Rule::Input(score), None) => (score, allocations(s)),
-            (Rule::HOnly, _) => (InputScore::Magnitude, vec![[0.0, 0.0, (3.0 * s).min(0.95)]]),
-        };
+    ) -> Result<(Option<Split>, [f64; 3], f64)> {
         let text: Vec<u32> = self.calib.iter().copied().take(tokens).collect();
-        let mut best: Option<([f64; 3], f64)> = None;
-        for alloc in candidates {
-            self.set(score, alloc)?;
+        let score = match rule {
+            Rule::HOnly => {
+                let d = (3.0 * s).min(0.95);
+                self.set_h_only(d)?;
+                let p = self.m.model.perplexity(&text, self.ctx)?;
+                self.m.model.take_ffn_traffic();
+                return Ok((None, [0.0, 0.0, d], p));
+            }
+            Rule::Chess => {
+                let f = (1.5 * s).min(0.95);
+                self.set_h_only(f)?;
+                let scores = self.scores(InputScore::Magnitude)?.to_vec();
+                let rules = self.m.model.chess_rules(&scores, f)?;
+                self.m.model.set_chess_rules(Some(&rules))?;
+                let p = self.m.model.perplexity(&text, self.ctx)?;
+                self.m.model.take_ffn_traffic();
+                return Ok((None, [0.0, f, f], p));
+            }
+            Rule::Input(score) => score,
+        };
+        let candidates = split.map_or(SPLITS.to_vec(), |s| vec![s]);
+        let mut best: Option<(Split, f64)> = None;
+        for c in candidates {
+            self.set(score, c, s)?;
             let p = self.m.model.perplexity(&text, self.ctx)?;
             if best.is_none_or(|(_, b)| p < b) {
-                best = Some((alloc, p));
+                best = Some((c, p));
             }
         }
         self.m.model.take_ffn_traffic();
-        let (alloc, p) = best.ok_or_else(|| anyhow::anyhow!("no allocation"))?;
-        Ok((score, alloc, p))
+        let (c, p) = best.ok_or_else(|| anyhow::anyhow!("no split"))?;
+        let (fr, _) = self.set(score, c, s)?;
+        Ok((Some(c), mean(&fr), p))
     }
 
-    /// Perplexity of `text` under the current rule and the share of FFN weight bytes skipped.
-    pub fn perplexity(&mut self, text: &[u32]) -> Result<(f64, f64)> {
+    /// Sets the attention projections' thresholds dropping the fraction `a` of the calibration
+    /// entries of each input (0: dense).
+    pub fn set_attention(&mut self, a: f64) -> Result<()> {
+        if self.attention.is_none() {
+            let pb = spinner("calibrating attention scores".to_string());
+            let h = self
+                .m
+                .model
+                .record_attention_scores(&self.calib, self.ctx)?;
+            pb.finish_and_clear();
+            self.attention = Some(h);
+        }
+        let t = |h: &Histogram| {
+            if a == 0.0 {
+                Some(0.0)
+            } else {
+                h.threshold_for_fraction(a)
+            }
+        };
+        let t: Vec<[f32; 2]> = self
+            .attention
+            .iter()
+            .flatten()
+            .map(|[qkv, o]| Some([t(qkv)?, t(o)?]))
+            .collect::<Option<_>>()
+            .ok_or_else(|| anyhow::anyhow!("no attention calibration scores for {a}"))?;
+        self.m.model.set_attention_rule(&t)?;
+        Ok(())
+    }
+
+    /// Perplexity of `text` under the current rule and the weight bytes the FFNs and the
+    /// attention projections read.
+    pub fn perplexity(&mut self, text: &[u32]) -> Result<(f64, WeightTraffic, WeightTraffic)> {
         self.m.model.take_ffn_traffic();
+        self.m.model.take_attention_traffic();
         let p = self.m.model.perplexity(text, self.ctx)?;
-        Ok((p, self.m.model.take_ffn_traffic().skipped()))
+        Ok((
+            p,
+            self.m.model.take_ffn_traffic(),
+            self.m.model.take_attention_traffic(),
+        ))
     }
 }
 
@@ -134,22 +328,32 @@ pub(crate) enum Rule {
     Input(InputScore),
     /// Only down, on `|h|`: gate and up read densely.
     HOnly,
+    /// CHESS: gate read densely, up rows only for the neurons whose `|act(g_j)| E|u_j|` passes
+    /// (a fraction `1.5 s` skipped), `|h|` on down (`1.5 s`; the skipped neurons' `h` is 0).
+    Chess,
 }
 
 impl Rule {
+    /// Whether the rule needs up stored as rows.
+    pub fn up_rows(self) -> bool {
+        self == Rule::Chess
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Rule::Input(s) => s.name(),
             Rule::HOnly => "h",
+            Rule::Chess => "chess",
         }
     }
 }
 
-/// Parses `teal,wina,h`.
+/// Parses `teal,wina,h,chess`.
 pub(crate) fn parse_rules(s: &str) -> Result<Vec<Rule>> {
     s.split(',')
         .map(|r| match r.trim() {
             "h" => Ok(Rule::HOnly),
+            "chess" => Ok(Rule::Chess),
             r => Ok(Rule::Input(InputScore::from_name(r)?)),
         })
         .collect()
@@ -168,19 +372,58 @@ pub(crate) fn parse_targets(s: &str) -> Result<Vec<f64>> {
 }
 
 /// The default rule calibrated on `calib` (windows of `ctx`): per-layer thresholds of
-/// [`DEFAULT_RULE`] at [`DEFAULT_TARGET`], down taking 1.5x its share.
-pub(crate) fn default_rule(model: &mut Llama, calib: &[u32], ctx: usize) -> Result<InputRuleMeta> {
+/// [`DEFAULT_RULE`] at [`DEFAULT_TARGET`], split by [`DEFAULT_SPLIT`]; with `attention` > 0 also
+/// the attention projections' thresholds dropping that fraction (the model must have been loaded
+/// with them on columns).
+pub(crate) fn default_rule(
+    model: &mut Llama,
+    calib: &[u32],
+    ctx: usize,
+    attention: f64,
+) -> Result<InputRuleMeta> {
     let scores = model.record_input_scores(calib, ctx, DEFAULT_RULE)?;
-    let alloc = allocation(DEFAULT_TARGET, DEFAULT_DOWN);
+    let fr = match DEFAULT_SPLIT {
+        Split::Greedy => fractions(
+            Split::Greedy,
+            DEFAULT_TARGET,
+            &model.greedy_input_allocation(&scores, DEFAULT_TARGET, GREEDY_STEP)?,
+        )?,
+        split => fractions(
+            split,
+            DEFAULT_TARGET,
+            &vec![GreedyPath::default(); scores.len()],
+        )?,
+    };
     let thresholds: Vec<InputThresholds> = scores
         .iter()
-        .map(|s| s.thresholds(alloc))
+        .zip(&fr)
+        .map(|(s, f)| s.thresholds(*f))
         .collect::<Option<_>>()
         .ok_or_else(|| anyhow::anyhow!("no calibration scores"))?;
+    let attention = if attention > 0.0 {
+        let hists = model.record_attention_scores(calib, ctx)?;
+        let t = |h: &Histogram| h.threshold_for_fraction(attention);
+        Some(AttentionRuleMeta {
+            fraction: attention,
+            thresholds: hists
+                .iter()
+                .map(|[qkv, o]| Some([t(qkv)?, t(o)?]))
+                .collect::<Option<_>>()
+                .ok_or_else(|| anyhow::anyhow!("no attention calibration scores"))?,
+        })
+    } else {
+        None
+    };
     Ok(InputRuleMeta {
+        attention,
         score: DEFAULT_RULE.name().into(),
         target: DEFAULT_TARGET,
-        allocation: alloc,
+        allocation: mean(&fr),
+        layer_allocations: if matches!(DEFAULT_SPLIT, Split::Greedy) {
+            fr
+        } else {
+            Vec::new()
+        },
         tokens: calib.len() as u64,
         thresholds,
     })
@@ -189,7 +432,15 @@ pub(crate) fn default_rule(model: &mut Llama, calib: &[u32], ctx: usize) -> Resu
 /// Sets `rule` on every layer of `model`.
 pub(crate) fn apply(model: &mut Llama, rule: &InputRuleMeta) -> Result<()> {
     model.set_input_rule(rule.input_score()?, &rule.thresholds)?;
+    match (&rule.attention, model.input_sparse_attention()) {
+        (Some(a), true) => model.set_attention_rule(&a.thresholds)?,
+        (Some(_), false) => tracing::warn!(
+            "the rule's attention thresholds are not used: pass --attention-sparsity to run the attention projections on input-sparse columns"
+        ),
+        (None, _) => {}
+    }
     model.take_ffn_traffic();
+    model.take_attention_traffic();
     Ok(())
 }
 
@@ -213,5 +464,35 @@ pub(crate) fn rule_for(
         );
     }
     let calib = corpus_tokens(&m.tok, 1790..=1999, settings.calibration_tokens)?;
-    default_rule(&mut m.model, &calib, 512)
+    default_rule(&mut m.model, &calib, 512, settings.attention_sparsity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use powerinfer::GreedyStep;
+
+    #[test]
+    fn splits_parse_and_give_fractions() {
+        assert_eq!(Split::parse("greedy").unwrap(), Split::Greedy);
+        assert_eq!(Split::parse(" 1.5").unwrap(), Split::Down(1.5));
+        for bad in ["", "down", "-1", "4", "NaN"] {
+            assert!(Split::parse(bad).is_err(), "{bad}");
+        }
+        let fr = fractions(Split::Down(1.5), 0.2, &vec![GreedyPath::default(); 2]).unwrap();
+        assert_eq!(fr.len(), 2);
+        assert!((fr[0][2] - 0.3).abs() < 1e-12 && (fr[0][0] - 0.15).abs() < 1e-12);
+        let step = |f: [f64; 3]| GreedyStep {
+            fractions: f,
+            skipped: f.iter().sum::<f64>() / 3.0,
+            error: 0.0,
+        };
+        let path = GreedyPath {
+            steps: vec![step([0.0, 0.0, 0.3]), step([0.0, 0.3, 0.3])],
+        };
+        let fr = fractions(Split::Greedy, 0.15, std::slice::from_ref(&path)).unwrap();
+        assert_eq!(fr, vec![[0.0, 0.3, 0.3]]);
+        assert!(fractions(Split::Greedy, 0.5, &[path]).is_err());
+        assert_eq!(mean(&[[0.0, 0.2, 0.4], [0.2, 0.2, 0.0]]), [0.1, 0.2, 0.2]);
+    }
 }

@@ -60,6 +60,10 @@ pub struct AnalyzeArgs {
     /// Calibration text files (default: State of the Union speeches up to 1999).
     #[arg(long, num_args = 1..)]
     pub calibration: Vec<PathBuf>,
+    /// Store the input rule with input sparsity on the attention projections too (GGUF
+    /// files): this fraction of the q/k/v and o input entries dropped (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub attention_sparsity: f64,
     /// Fast-tier byte budget for hot neurons and predictors: bytes with an optional K/M/G
     /// suffix, or `auto` (without a GPU: half the FFN weights plus the predictors).
     #[arg(long, default_value = "auto")]
@@ -141,6 +145,12 @@ pub struct ModelArgs {
     /// artifact's validation quantiles) instead of its target-recall thresholds.
     #[arg(long)]
     pub predictor_sparsity: Option<f64>,
+    /// The input rule (`demo`, `bench`'s `input` row, `analyze`) with input sparsity on the
+    /// attention projections too (GGUF files): this fraction of the q/k/v and o input entries
+    /// dropped. Default 0: on SmolLM2 it held perplexity but its column products were slower
+    /// than the dense rows at this size (README).
+    #[arg(long, default_value_t = 0.0)]
+    pub attention_sparsity: f64,
 }
 
 /// `demo` flags.
@@ -232,7 +242,8 @@ pub struct EvalArgs {
     #[arg(long)]
     pub sweep: Option<String>,
     /// Evaluate the input-sparse FFN instead: these rules side by side (`teal`: `|x|`; `wina`:
-    /// `|x| * ||column||`; `h`: `|h|` on down alone), each calibrated on speeches up to 1999,
+    /// `|x| * ||column||`; `h`: `|h|` on down alone; `chess`: gate first, then up and down only
+    /// for the neurons whose `|act(g)| E|u|` passes), each calibrated on speeches up to 1999,
     /// at the targets of `--input-sweep`; draws the picture next to the model.
     #[arg(long, value_name = "RULES")]
     pub input_rules: Option<String>,
@@ -240,10 +251,17 @@ pub struct EvalArgs {
     /// `0.1,0.2,0.3`; the FFN bytes skipped come out lower by the scale planes).
     #[arg(long, default_value = "0.1,0.2,0.25,0.3,0.35")]
     pub input_sweep: String,
-    /// Down's share as a multiple of the target (gate and up share the rest) instead of choosing
-    /// among 1, 1.5 and 2 on calibration text; the default rule uses 1.5.
-    #[arg(long)]
-    pub input_down: Option<f64>,
+    /// How each target is split between gate, up and down: `greedy` (TEAL's per-layer greedy
+    /// allocation) or down's share as a multiple of the target (`1.5`: gate and up share the
+    /// rest). Without it, `eval` picks among 1, 1.5, 2 and greedy on calibration text.
+    #[arg(long, value_name = "SPLIT")]
+    pub input_split: Option<String>,
+    /// With `--input-rules`: input sparsity on the attention projections too (`|x|` on the
+    /// q/k/v input and on the o input), at these fractions of entries dropped (e.g.
+    /// `0.1,0.2,0.3`), each on top of every FFN target; `0` is always included. The picture's x
+    /// axis is then the share of all projection weight bytes (FFN and attention) skipped.
+    #[arg(long, value_name = "FRACTIONS")]
+    pub input_attention: Option<String>,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,

@@ -113,10 +113,10 @@ pub fn bytes_perplexity(
     dir: &Path,
     stem: &str,
     title: &str,
+    x: &'static str,
     dense_ppl: f64,
     series: &[Series],
 ) -> Result<Vec<PathBuf>> {
-    let x = "FFN weight bytes skipped per token (%)";
     sweep(dir, stem, title, x, dense_ppl, series).context("bytes_perplexity")
 }
 

@@ -100,6 +100,49 @@ fn bad_flags_and_files() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// `eval --input-rules` with a fixed split and input sparsity on the attention projections:
+/// one JSON line per attention fraction, the bytes each part skipped. (The greedy split runs on
+/// the real model in the candle adapter's tests; here it would only add minutes.)
+#[test]
+fn eval_input_rules_with_attention() {
+    let (ok, out, err) = powerinfer(&[
+        "eval",
+        "--tokens",
+        "128",
+        "--ctx",
+        "64",
+        "--calibration-tokens",
+        "512",
+        "--input-rules",
+        "teal",
+        "--input-sweep",
+        "0.2",
+        "--input-split",
+        "1.5",
+        "--input-attention",
+        "0.2",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for (j, att) in lines.iter().zip([0.0, 0.2]) {
+        assert_eq!(j["split"], "down1.5x");
+        assert_eq!(j["attention"].as_f64(), Some(att));
+        let ffn = j["ffn_bytes_skipped"].as_f64().unwrap();
+        assert!(ffn > 0.1 && ffn < 0.2, "{out}");
+        let a = j["attention_bytes_skipped"].as_f64().unwrap();
+        assert!(if att == 0.0 { a < 0.05 } else { a > 0.1 }, "{out}");
+        assert!(j["ppl_sparse"].as_f64().unwrap() > 1.0);
+    }
+    fails_with(
+        &["eval", "--input-rules", "teal", "--input-split", "down"],
+        "a split is",
+    );
+}
+
 #[test]
 fn prompt_longer_than_context() {
     let long = "word ".repeat(9000);
@@ -150,6 +193,8 @@ fn analyze_then_use_the_artifact() {
         "256",
         "--budget",
         "8M",
+        "--attention-sparsity",
+        "0.2",
         "--out",
         a,
     ]);
@@ -172,6 +217,10 @@ fn analyze_then_use_the_artifact() {
     let rule = artifact.meta.input_rule.as_ref().expect("an input rule");
     assert_eq!((rule.thresholds.len(), rule.tokens), (30, 512));
     assert!(rule.thresholds.iter().all(|t| t.gate > 0.0 && t.down > 0.0));
+    // ... with the attention projections' thresholds (a GGUF model).
+    let att = rule.attention.as_ref().expect("an attention rule");
+    assert_eq!(att.thresholds.len(), 30);
+    assert!(att.thresholds.iter().all(|t| t[0] > 0.0 && t[1] > 0.0));
 
     // eval: dense, exact, trained (audited) and a one-point sweep with its picture.
     let (ok, out, err) = powerinfer(&[
@@ -209,6 +258,8 @@ fn analyze_then_use_the_artifact() {
         "1",
         "--powerinfer",
         a,
+        "--attention-sparsity",
+        "0.2",
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("\"mode\":\"trained\""), "{out}");
@@ -220,6 +271,8 @@ fn analyze_then_use_the_artifact() {
         .expect("an input row");
     let skipped = input["ffn_bytes_skipped"].as_f64().unwrap();
     assert!(skipped > 0.05 && skipped < 0.6, "{out}");
+    let attention = input["attention_bytes_skipped"].as_f64().unwrap();
+    assert!(attention > 0.05 && attention < 0.4, "{out}");
     assert!(input["bytes_per_token"].as_f64().unwrap() > 0.0);
 
     // A different model file (one byte changed) refuses the artifact.
@@ -276,6 +329,14 @@ fn analyze_then_use_the_artifact() {
         "not a valid safetensors file",
     );
     fails_with(&["analyze", "--budget", "0"], "--budget 0");
+    fails_with(
+        &["analyze", "--attention-sparsity", "1"],
+        "--attention-sparsity",
+    );
+    fails_with(
+        &["demo", "--attention-sparsity", "2"],
+        "--attention-sparsity",
+    );
     fails_with(&["analyze", "--recall", "1.5"], "target_recall");
     fails_with(
         &["eval", "--text", "/nonexistent/held-out.txt"],

@@ -206,7 +206,7 @@ pub struct SparsityReport {
     /// Pairs computed with a nonzero contribution.
     pub active: u64,
     /// Input-sparse layers: FFN weight bytes read, and what dense products would have read.
-    pub ffn_bytes: powerinfer::FfnTraffic,
+    pub ffn_bytes: powerinfer::WeightTraffic,
 }
 
 impl SparsityReport {
@@ -228,7 +228,7 @@ static TOTALS: Mutex<SparsityReport> = Mutex::new(SparsityReport {
     rows: 0,
     pairs: 0,
     active: 0,
-    ffn_bytes: powerinfer::FfnTraffic {
+    ffn_bytes: powerinfer::WeightTraffic {
         rows: 0,
         read: 0,
         dense: 0,

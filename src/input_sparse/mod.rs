@@ -29,116 +29,18 @@ use crate::ffn::{FfnSpec, FfnWeights};
 use crate::input::{check_f32_rows, check_rows, to_tensor, with_f32};
 use crate::profile::Histogram;
 
-/// How an input entry is scored against its matrix's threshold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum InputScore {
-    /// `|x_i|` (TEAL).
-    #[default]
-    Magnitude,
-    /// `|x_i| * ||W[:, i]||_2`, the input times the norm of the column it feeds (WINA; on `h`
-    /// the rule of "Sparsing Law").
-    Wina,
-}
+mod chess;
+mod greedy;
+mod linear;
+mod rule;
 
-impl InputScore {
-    /// The name used in artifacts and on the command line (`teal`, `wina`).
-    pub fn name(self) -> &'static str {
-        match self {
-            InputScore::Magnitude => "teal",
-            InputScore::Wina => "wina",
-        }
-    }
-
-    /// The score named `name` (see [`InputScore::name`]).
-    pub fn from_name(name: &str) -> Result<Self> {
-        match name {
-            "teal" => Ok(InputScore::Magnitude),
-            "wina" => Ok(InputScore::Wina),
-            other => Err(Error::config(
-                "input score",
-                format!("`{other}` is not one of teal, wina"),
-            )),
-        }
-    }
-}
-
-/// Per-matrix thresholds of one layer: an entry is kept when its score exceeds the threshold.
-/// All zero keeps every nonzero entry (the dense FFN).
-#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
-pub struct InputThresholds {
-    /// On the FFN input, for the gate product.
-    pub gate: f32,
-    /// On the FFN input, for the up product.
-    pub up: f32,
-    /// On `h`, for the down product.
-    pub down: f32,
-}
-
-impl InputThresholds {
-    fn check(&self) -> Result<()> {
-        for (name, t) in [("gate", self.gate), ("up", self.up), ("down", self.down)] {
-            if !t.is_finite() || t < 0.0 {
-                return Err(Error::config(
-                    "input threshold",
-                    format!("{name} threshold {t} must be finite and at least 0"),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The score distributions of one layer's three matrices, for calibration.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct InputScores {
-    /// Scores of the FFN input entries for gate.
-    pub gate: Histogram,
-    /// For up.
-    pub up: Histogram,
-    /// Scores of `h` for down.
-    pub down: Histogram,
-}
-
-impl InputScores {
-    /// Thresholds that drop about the fractions `sparsity` (gate, up, down) of the recorded
-    /// entries; `None` before anything was recorded or for a fraction outside `[0, 1)`.
-    pub fn thresholds(&self, sparsity: [f64; 3]) -> Option<InputThresholds> {
-        Some(InputThresholds {
-            gate: self.gate.threshold_for_fraction(sparsity[0])?,
-            up: self.up.threshold_for_fraction(sparsity[1])?,
-            down: self.down.threshold_for_fraction(sparsity[2])?,
-        })
-    }
-}
-
-/// Weight bytes the FFN read and would have read densely, summed over rows.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FfnTraffic {
-    /// Rows computed.
-    pub rows: u64,
-    /// Weight bytes read.
-    pub read: u64,
-    /// Weight bytes a dense product reads for the same rows.
-    pub dense: u64,
-}
-
-impl FfnTraffic {
-    /// The fraction of the dense weight bytes not read (0 before any row).
-    pub fn skipped(&self) -> f64 {
-        if self.dense == 0 {
-            0.0
-        } else {
-            1.0 - self.read as f64 / self.dense as f64
-        }
-    }
-
-    /// Adds `other`'s counts.
-    pub fn add(&mut self, other: &FfnTraffic) {
-        self.rows += other.rows;
-        self.read += other.read;
-        self.dense += other.dense;
-    }
-}
+pub use chess::ChessRule;
+use chess::Up;
+pub use greedy::{GreedyPath, GreedyStep};
+pub use linear::InputSparseLinear;
+pub use rule::{
+    InputScore, InputScores, InputThresholds, WeightTraffic, MAX_SAMPLES, SAMPLE_EVERY,
+};
 
 /// One product's input: the masked row, its quantized form and the columns it keeps.
 #[derive(Debug, Default)]
@@ -180,17 +82,23 @@ struct Scratch {
     down: Input,
     /// Gate then up outputs, each padded to whole chunks.
     gu: Vec<f32>,
+    /// With up rows: whether each neuron's up row was computed, and the kept neurons' ids and
+    /// up values.
+    keep: Vec<bool>,
+    kept: Vec<u32>,
+    uk: Vec<f32>,
     h: Vec<f32>,
     y: Vec<f32>,
-    traffic: FfnTraffic,
+    traffic: WeightTraffic,
 }
 
 /// The FFN with input sparsity on column-major weights (see the module docs).
 pub struct InputSparseFfn {
     spec: FfnSpec,
     gate: Option<ColumnMatrix>,
-    up: ColumnMatrix,
+    up: Up,
     down: ColumnMatrix,
+    chess: Option<ChessRule>,
     gate_bias: Option<Vec<f32>>,
     up_bias: Option<Vec<f32>>,
     down_bias: Option<Vec<f32>>,
@@ -207,7 +115,8 @@ impl std::fmt::Debug for InputSparseFfn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InputSparseFfn")
             .field("spec", &self.spec)
-            .field("storage", &self.up.storage())
+            .field("storage", &self.down.storage())
+            .field("up_rows", &matches!(self.up, Up::Rows(_)))
             .field("score", &self.score)
             .field("thresholds", &self.thresholds)
             .field("tier", &self.kernels.tier())
@@ -288,7 +197,7 @@ impl InputSparseFfn {
     fn build(
         spec: FfnSpec,
         gate: Option<ColumnMatrix>,
-        up: ColumnMatrix,
+        up: Up,
         down: ColumnMatrix,
         threads: usize,
         tier: Option<CpuTier>,
@@ -311,6 +220,7 @@ impl InputSparseFfn {
             gate,
             up,
             down,
+            chess: None,
             gate_bias: None,
             up_bias: None,
             down_bias: None,
@@ -339,7 +249,7 @@ impl InputSparseFfn {
         let gate = gate
             .map(|g| qcolumns(g, "gate_proj.weight", n, h))
             .transpose()?;
-        let up = qcolumns(up, "up_proj.weight", n, h)?;
+        let up = Up::Columns(qcolumns(up, "up_proj.weight", n, h)?);
         let down = qcolumns(down, "down_proj.weight", h, n)?;
         Self::build(spec, gate, up, down, threads, tier)
     }
@@ -358,7 +268,7 @@ impl InputSparseFfn {
             .gate
             .map(|g| fcolumns(g, "gate_proj.weight", n, h, storage))
             .transpose()?;
-        let up = fcolumns(w.up, "up_proj.weight", n, h, storage)?;
+        let up = Up::Columns(fcolumns(w.up, "up_proj.weight", n, h, storage)?);
         let down = fcolumns(w.down, "down_proj.weight", h, n, storage)?;
         let mut f = Self::build(spec, gate, up, down, threads, tier)?;
         f.gate_bias = bias(w.gate_bias, "gate_proj.bias", n)?;
@@ -370,6 +280,12 @@ impl InputSparseFfn {
     /// Sets the rule: how entries are scored and the thresholds (finite, at least 0).
     pub fn set_rule(&mut self, score: InputScore, thresholds: InputThresholds) -> Result<()> {
         thresholds.check()?;
+        if matches!(self.up, Up::Rows(_)) && thresholds.up != 0.0 {
+            return Err(Error::config(
+                "input threshold",
+                "up is stored as rows (the up-rows layout): it has no input threshold",
+            ));
+        }
         self.score = score;
         self.thresholds = thresholds;
         Ok(())
@@ -429,7 +345,7 @@ impl InputSparseFfn {
     }
 
     /// Returns and resets the weight bytes read since the last call.
-    pub fn take_traffic(&self) -> FfnTraffic {
+    pub fn take_traffic(&self) -> WeightTraffic {
         std::mem::take(
             &mut self
                 .scratch
@@ -445,8 +361,14 @@ impl InputSparseFfn {
         let h = self.spec.hidden;
         check_f32_rows(x, rows, h, out)?;
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        // Recording computes every neuron: the calibration sees the dense FFN.
+        let gf = if self.recording.load(Ordering::Relaxed) {
+            None
+        } else {
+            self.chess.as_ref()
+        };
         for (xr, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
-            self.row(&mut s, xr, o);
+            self.row(&mut s, self.thresholds, gf, xr, o);
         }
         Ok(())
     }
@@ -474,7 +396,7 @@ impl InputSparseFfn {
         }
     }
 
-    fn record(&self, x: &[f32], h: Option<&[f32]>) {
+    fn record(&self, x: &[f32], h: Option<(&[f32], &[f32])>) {
         if !self.recording.load(Ordering::Relaxed) {
             return;
         }
@@ -489,20 +411,45 @@ impl InputSparseFfn {
         };
         match h {
             None => {
+                if sc.rows % SAMPLE_EVERY == 0 && sc.samples.len() < MAX_SAMPLES * x.len() {
+                    sc.samples.extend_from_slice(x);
+                }
+                sc.rows += 1;
                 if let Some(gm) = &self.gate {
                     scored(&mut sc.gate, x, self.weight(gm));
                 }
-                scored(&mut sc.up, x, self.weight(&self.up));
+                if let Up::Columns(um) = &self.up {
+                    scored(&mut sc.up, x, self.weight(um));
+                }
             }
-            Some(h) => scored(&mut sc.down, h, self.weight(&self.down)),
+            Some((h, u)) => {
+                scored(&mut sc.down, h, self.weight(&self.down));
+                sc.up_abs.resize(u.len(), 0.0);
+                for (a, &v) in sc.up_abs.iter_mut().zip(u) {
+                    *a += f64::from(v.abs());
+                }
+            }
         }
     }
 
-    /// One row: masked gate and up products, `h`, masked down product.
-    fn row(&self, s: &mut Scratch, x: &[f32], out: &mut [f32]) {
-        let (n, t) = (self.spec.intermediate, self.thresholds);
-        let quant = matches!(self.up.storage(), ColumnStorage::Quant(_));
+    /// One row: masked gate and up products (or, with up rows and a CHESS rule, up for the
+    /// neurons it keeps), `h`, masked down product.
+    fn row(
+        &self,
+        s: &mut Scratch,
+        t: InputThresholds,
+        chess: Option<&ChessRule>,
+        x: &[f32],
+        out: &mut [f32],
+    ) {
+        let n = self.spec.intermediate;
+        let quant = matches!(self.down.storage(), ColumnStorage::Quant(_));
         self.record(x, None);
+        let (ups, keep) = match &self.up {
+            Up::Columns(um) => (self.gate_up_columns(s, t, x, um, quant), None),
+            Up::Rows(rows) => self.gate_up_rows(s, t, chess, x, rows),
+        };
+        let cg = self.gate.as_ref().map_or(0, |g| g.chunks());
         let Scratch {
             gate,
             up,
@@ -511,71 +458,34 @@ impl InputSparseFfn {
             h,
             y,
             traffic,
+            keep: keep_mask,
             ..
         } = s;
-        if let Some(gm) = &self.gate {
-            gate.mask(x, self.weight(gm), t.gate, quant);
-        }
-        // `|x|` with one threshold for gate and up (TEAL's default split): one masked input.
-        let shared = self.gate.is_some() && self.score == InputScore::Magnitude && t.gate == t.up;
-        if !shared {
-            up.mask(x, self.weight(&self.up), t.up, quant);
-        }
-        let cg = self.gate.as_ref().map_or(0, |g| g.chunks());
-        let cu = self.up.chunks();
-        gu.resize((cg + cu) * CHUNK, 0.0);
-        let k = &self.kernels;
-        let (gate_in, up_in) = (&*gate, if shared { &*gate } else { &*up });
-        self.pool.run_chunks(gu, cg + cu, CHUNK, &|r, part| {
-            // Gate chunks first, then up chunks.
-            let split = (cg.clamp(r.start, r.end) - r.start) * CHUNK;
-            let (pg, pu) = part.split_at_mut(split);
-            if let Some(gm) = &self.gate {
-                if !pg.is_empty() {
-                    let i = gate_in;
-                    column_product(
-                        k,
-                        gm,
-                        r.start..r.start + pg.len() / CHUNK,
-                        &i.x,
-                        &i.q,
-                        &i.active.cols,
-                        pg,
-                    );
-                }
-            }
-            if !pu.is_empty() {
-                let start = r.start.max(cg) - cg;
-                let i = up_in;
-                column_product(
-                    k,
-                    &self.up,
-                    start..start + pu.len() / CHUNK,
-                    &i.x,
-                    &i.q,
-                    &i.active.cols,
-                    pu,
-                );
-            }
-        });
         let act = self.spec.activation;
         h.resize(n, 0.0);
         let bias = |b: &Option<Vec<f32>>, j: usize| b.as_ref().map_or(0.0, |b| b[j]);
-        let ups = &gu[cg * CHUNK..cg * CHUNK + n];
+        let u = &gu[ups..ups + n];
         if self.gate.is_some() {
-            for (j, (hv, &u)) in h.iter_mut().zip(ups).enumerate() {
+            for (j, (hv, &u)) in h.iter_mut().zip(u).enumerate() {
                 *hv = act.gated(gu[j] + bias(&self.gate_bias, j), u + bias(&self.up_bias, j));
             }
         } else {
-            for (j, (hv, &u)) in h.iter_mut().zip(ups).enumerate() {
+            for (j, (hv, &u)) in h.iter_mut().zip(u).enumerate() {
                 *hv = act.ungated(u + bias(&self.up_bias, j));
             }
         }
-        self.record(x, Some(h));
+        if keep.is_some() {
+            for (hv, &k) in h.iter_mut().zip(keep_mask.iter()) {
+                if !k {
+                    *hv = 0.0;
+                }
+            }
+        }
+        self.record(x, Some((h, u)));
         down.mask(h, self.weight(&self.down), t.down, quant);
         let cd = self.down.chunks();
         y.resize(cd * CHUNK, 0.0);
-        let down_in = &*down;
+        let (k, down_in) = (&self.kernels, &*down);
         self.pool.run_chunks(y, cd, CHUNK, &|r, part| {
             let i = down_in;
             column_product(k, &self.down, r, &i.x, &i.q, &i.active.cols, part);
@@ -588,20 +498,83 @@ impl InputSparseFfn {
             }
             None => out.copy_from_slice(&y[..self.spec.hidden]),
         }
-        let mut read = 0;
-        let mut dense = 0;
-        let products = [
-            self.gate.as_ref().map(|m| (m, &gate.active)),
-            Some((&self.up, &up_in.active)),
-            Some((&self.down, &down.active)),
-        ];
-        for (m, a) in products.into_iter().flatten() {
-            read += m.bytes_read(a.cols.len(), a.blocks);
-            dense += m.bytes_read(m.cols(), m.cols().div_ceil(crate::cpu::QK));
+        let dense_of = |m: &ColumnMatrix| m.bytes_read(m.cols(), m.cols().div_ceil(crate::cpu::QK));
+        let mut read = self
+            .down
+            .bytes_read(down.active.cols.len(), down.active.blocks);
+        let mut dense = dense_of(&self.down);
+        if let Some(gm) = &self.gate {
+            read += gm.bytes_read(gate.active.cols.len(), gate.active.blocks);
+            dense += dense_of(gm);
+        }
+        match (&self.up, keep) {
+            (Up::Columns(um), _) => {
+                let a = if cg > 0 && self.shares_input(t) {
+                    &*gate
+                } else {
+                    &*up
+                };
+                read += um.bytes_read(a.active.cols.len(), a.active.blocks);
+                dense += dense_of(um);
+            }
+            (Up::Rows(rows), keep) => {
+                read += rows.row_bytes() * keep.unwrap_or(n);
+                dense += rows.row_bytes() * n;
+            }
         }
         traffic.rows += 1;
         traffic.read += read as u64;
         traffic.dense += dense as u64;
+    }
+
+    /// Whether gate and up read one masked input: `|x|` with one threshold for both (TEAL's
+    /// default split).
+    fn shares_input(&self, t: InputThresholds) -> bool {
+        self.gate.is_some() && self.score == InputScore::Magnitude && t.gate == t.up
+    }
+
+    /// Gate and up over column-major weights in one dispatch; returns where up's values start
+    /// in `s.gu`.
+    fn gate_up_columns(
+        &self,
+        s: &mut Scratch,
+        t: InputThresholds,
+        x: &[f32],
+        um: &ColumnMatrix,
+        quant: bool,
+    ) -> usize {
+        let Scratch { gate, up, gu, .. } = s;
+        if let Some(gm) = &self.gate {
+            gate.mask(x, self.weight(gm), t.gate, quant);
+        }
+        let shared = self.shares_input(t);
+        if !shared {
+            up.mask(x, self.weight(um), t.up, quant);
+        }
+        let cg = self.gate.as_ref().map_or(0, |g| g.chunks());
+        let cu = um.chunks();
+        gu.resize((cg + cu) * CHUNK, 0.0);
+        let k = &self.kernels;
+        let (gate_in, up_in) = (&*gate, if shared { &*gate } else { &*up });
+        self.pool.run_chunks(gu, cg + cu, CHUNK, &|r, part| {
+            // Gate chunks first, then up chunks.
+            let split = (cg.clamp(r.start, r.end) - r.start) * CHUNK;
+            let (pg, pu) = part.split_at_mut(split);
+            if let Some(gm) = &self.gate {
+                if !pg.is_empty() {
+                    let i = gate_in;
+                    let c = r.start..r.start + pg.len() / CHUNK;
+                    column_product(k, gm, c, &i.x, &i.q, &i.active.cols, pg);
+                }
+            }
+            if !pu.is_empty() {
+                let start = r.start.max(cg) - cg;
+                let i = up_in;
+                let c = start..start + pu.len() / CHUNK;
+                column_product(k, um, c, &i.x, &i.q, &i.active.cols, pu);
+            }
+        });
+        cg * CHUNK
     }
 }
 

@@ -1,0 +1,233 @@
+//! `InputSparseLinear`: a linear layer with TEAL's input sparsity, for the attention projections.
+//!
+//! `y = W x (+ b)` where the entries of `x` with `|x_i|` at most the threshold are set to zero and
+//! their columns of `W` are never read. The weights are the file's GGUF blocks in a
+//! [`ColumnMatrix`]; with a threshold of 0 the result is `QLinear`'s, bit for bit (the same
+//! quantized input, the same block sums in the same order).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Module, Tensor};
+
+use super::{Input, WeightTraffic};
+use crate::cpu::{column_product, ColumnMatrix, CpuTier, Kernels, Pool, CHUNK, QK};
+use crate::error::{Error, Result};
+use crate::input::{check_f32_rows_io, check_rows, to_tensor, with_f32};
+use crate::linear::{dims2, quant_kind};
+use crate::profile::Histogram;
+
+#[derive(Debug, Default)]
+struct Scratch {
+    xbuf: Vec<f32>,
+    input: Input,
+    y: Vec<f32>,
+    traffic: WeightTraffic,
+}
+
+/// A linear layer on GGUF blocks whose small inputs are skipped (see the module docs).
+pub struct InputSparseLinear {
+    w: ColumnMatrix,
+    bias: Option<Vec<f32>>,
+    threshold: f32,
+    kernels: Kernels,
+    pool: Arc<Pool>,
+    recording: AtomicBool,
+    hist: Mutex<Option<Histogram>>,
+    scratch: Mutex<Scratch>,
+}
+
+impl std::fmt::Debug for InputSparseLinear {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InputSparseLinear")
+            .field("out", &self.w.rows())
+            .field("in", &self.w.cols())
+            .field("storage", &self.w.storage())
+            .field("threshold", &self.threshold)
+            .finish()
+    }
+}
+
+impl InputSparseLinear {
+    /// GGUF tensors of one block type (Q4_0, Q4_1 or Q8_0) and input width, `[out, in]`, output
+    /// features stacked in order (q, k and v: one masked input for all three), with an optional
+    /// bias over the stacked outputs; on `threads` threads (`tier`: `None` detects). The
+    /// threshold starts at 0 (dense).
+    pub fn from_qtensors(
+        ws: &[&QTensor],
+        bias: Option<&Tensor>,
+        threads: usize,
+        tier: Option<CpuTier>,
+    ) -> Result<Self> {
+        if threads == 0 {
+            return Err(Error::config("threads", "must be at least 1"));
+        }
+        let Some(first) = ws.first() else {
+            return Err(Error::config("InputSparseLinear weight", "no tensor given"));
+        };
+        let (kind, cols) = (quant_kind(first)?, dims2(first)?.1);
+        let (mut rows, mut data) = (0, Vec::new());
+        for w in ws {
+            let (o, i) = dims2(w)?;
+            if quant_kind(w)? != kind || i != cols {
+                return Err(Error::config(
+                    "InputSparseLinear weight",
+                    format!(
+                        "stacked tensors differ: {:?} [_, {i}] after {kind:?} [_, {cols}]",
+                        w.dtype()
+                    ),
+                ));
+            }
+            rows += o;
+            data.extend_from_slice(&w.data()?);
+        }
+        let w = ColumnMatrix::from_blocks(kind, rows, cols, &data)?;
+        let bias = match bias {
+            Some(b) if b.dims() != [rows] => {
+                return Err(Error::shape(
+                    "InputSparseLinear bias",
+                    &[Some(rows)],
+                    b.dims(),
+                ))
+            }
+            Some(b) => {
+                let v = b.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                    return Err(Error::non_finite("InputSparseLinear bias", i));
+                }
+                Some(v)
+            }
+            None => None,
+        };
+        let kernels = match tier {
+            Some(t) => Kernels::new(t)?,
+            None => Kernels::detect()?,
+        };
+        Ok(InputSparseLinear {
+            w,
+            bias,
+            threshold: 0.0,
+            kernels,
+            pool: Pool::shared(threads),
+            recording: AtomicBool::new(false),
+            hist: Mutex::new(None),
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// `(out, in)`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.w.rows(), self.w.cols())
+    }
+
+    /// Bytes of the weights (values and scale planes).
+    pub fn weight_bytes(&self) -> usize {
+        self.w.bytes()
+    }
+
+    /// Sets the threshold on `|x_i|` (finite, at least 0; 0 keeps every nonzero input).
+    pub fn set_threshold(&mut self, t: f32) -> Result<()> {
+        if !t.is_finite() || t < 0.0 {
+            return Err(Error::config(
+                "input threshold",
+                format!("{t} must be finite and at least 0"),
+            ));
+        }
+        self.threshold = t;
+        Ok(())
+    }
+
+    /// The threshold in use.
+    pub fn threshold(&self) -> f32 {
+        self.threshold
+    }
+
+    /// Starts recording `|x_i|` of every input entry into a fresh histogram (calibration).
+    pub fn record_scores(&self) {
+        *self.hist.lock().unwrap_or_else(|e| e.into_inner()) = Some(Histogram::default());
+        self.recording.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops recording and returns the histogram.
+    pub fn take_scores(&self) -> Option<Histogram> {
+        self.recording.store(false, Ordering::Relaxed);
+        self.hist.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Returns and resets the weight bytes read since the last call.
+    pub fn take_traffic(&self) -> WeightTraffic {
+        std::mem::take(
+            &mut self
+                .scratch
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .traffic,
+        )
+    }
+
+    /// `out = W x (+ b)` on `rows` f32 rows (`x`: `rows * in`, `out`: `rows * out`). NaN or
+    /// infinite inputs are refused.
+    pub fn forward_f32(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
+        let (o, i) = self.dims();
+        check_f32_rows_io(x, rows, i, out, o)?;
+        if self.recording.load(Ordering::Relaxed) {
+            if let Some(h) = self.hist.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                h.record_all(x);
+            }
+        }
+        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let Scratch {
+            input, y, traffic, ..
+        } = &mut *s;
+        let chunks = self.w.chunks();
+        y.resize(chunks * CHUNK, 0.0);
+        let dense = self.w.bytes_read(i, i.div_ceil(QK));
+        for (xr, or) in x.chunks_exact(i).zip(out.chunks_exact_mut(o)) {
+            input.mask(xr, None, self.threshold, true);
+            let (k, inp) = (&self.kernels, &*input);
+            self.pool.run_chunks(y, chunks, CHUNK, &|r, part| {
+                column_product(k, &self.w, r, &inp.x, &inp.q, &inp.active.cols, part);
+            });
+            match &self.bias {
+                Some(b) => or
+                    .iter_mut()
+                    .zip(y.iter().zip(b))
+                    .for_each(|(o, (&v, &b))| *o = v + b),
+                None => or.copy_from_slice(&y[..o]),
+            }
+            traffic.rows += 1;
+            traffic.read += self
+                .w
+                .bytes_read(input.active.cols.len(), input.active.blocks)
+                as u64;
+            traffic.dense += dense as u64;
+        }
+        Ok(())
+    }
+
+    /// The layer on a tensor `[.., in]` (f32, f16 or bf16, CPU); `[.., out]` in the same dtype.
+    pub fn forward_tensor(&self, xs: &Tensor) -> Result<Tensor> {
+        let (o, i) = self.dims();
+        let rows = check_rows(xs, i, "input")?;
+        let mut dims = xs.dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last = o;
+        }
+        let mut out = vec![0f32; rows * o];
+        if rows > 0 {
+            let mut buf =
+                std::mem::take(&mut self.scratch.lock().unwrap_or_else(|e| e.into_inner()).xbuf);
+            let res = with_f32(xs, &mut buf, |x| self.forward_f32(x, rows, &mut out));
+            self.scratch.lock().unwrap_or_else(|e| e.into_inner()).xbuf = buf;
+            res?;
+        }
+        to_tensor(out, &dims, xs.dtype())
+    }
+}
+
+impl Module for InputSparseLinear {
+    fn forward(&self, xs: &Tensor) -> candle_core::Result<Tensor> {
+        Ok(self.forward_tensor(xs)?)
+    }
+}
