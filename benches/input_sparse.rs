@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
+use powerinfer::cpu::{ActiveColumns, ColumnMatrix, Kernels, QuantKind, QuantizedRow, CHUNK};
 use powerinfer::{
-    Activation, ActiveColumns, ColumnMatrix, ColumnStorage, CpuTier, FfnSpec, FfnWeights,
-    InputScore, InputSparseFfn, Kernels, QLinear, QuantKind, QuantizedRow, CHUNK,
+    Activation, ColumnStorage, FfnSpec, FfnWeights, InputScore, InputSparseFfn, QLinear, SimdLevel,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -75,7 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (4096, 11008, 4, GgmlDType::Q4_0, QuantKind::Q4_0)
     };
     let qname = format!("{gdt:?}").to_lowercase();
-    let tier = CpuTier::from_env()?.unwrap_or_else(CpuTier::best);
+    let tier = SimdLevel::from_env()?.unwrap_or_else(SimdLevel::best);
     let k = Kernels::new(tier)?;
     println!(
         "# input-sparse bench: {hidden}x{inter}, 1 token, 1 thread, tier {tier}, median of {iters}"
@@ -133,8 +133,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let qu = QTensor::quantize(&shift(&up)?, gdt)?;
         let qd = QTensor::quantize(&shift(&down)?, gdt)?;
         layers.push(Layer {
-            gu_lin: QLinear::stacked(&[&qg, &qu], None, 1)?.with_cpu_tier(tier)?,
-            down_lin: QLinear::stacked(&[&qd], None, 1)?.with_cpu_tier(tier)?,
+            gu_lin: QLinear::stacked(&[&qg, &qu], None, 1)?.with_simd_level(tier)?,
+            down_lin: QLinear::stacked(&[&qd], None, 1)?.with_simd_level(tier)?,
             cg: ColumnMatrix::from_blocks(qk, inter, hidden, &qg.data()?)?,
             cu: ColumnMatrix::from_blocks(qk, inter, hidden, &qu.data()?)?,
             ffn: InputSparseFfn::from_qtensors(spec, Some(&qg), &qu, &qd, 1, Some(tier))?,

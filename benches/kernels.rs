@@ -1,11 +1,12 @@
-//! Row kernels per SIMD tier, the scalar reference in the same run (criterion).
+//! Row kernels per SIMD level, the scalar reference in the same run (criterion).
 //!
 //! `cargo bench --bench kernels`. Rows of 4096 (the Llama-7B hidden size); throughput is the bytes
 //! of weights read. The working set stays in L2, so this measures the kernels, not DRAM.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
-use powerinfer::{CpuTier, Kernels};
+use powerinfer::cpu::Kernels;
+use powerinfer::SimdLevel;
 
 const N: usize = 4096;
 
@@ -18,7 +19,7 @@ fn kernels(c: &mut Criterion) {
         .iter()
         .map(|r| r.iter().map(|&v| f16::from_f32(v)).collect())
         .collect();
-    let tiers = CpuTier::supported();
+    let tiers = SimdLevel::supported();
 
     let mut g = c.benchmark_group("dot");
     for tier in &tiers {
@@ -66,7 +67,7 @@ fn kernels(c: &mut Criterion) {
 }
 
 fn quantized(c: &mut Criterion) {
-    use powerinfer::{QuantKind, QuantizedRow};
+    use powerinfer::cpu::{QuantKind, QuantizedRow};
     // One SmolLM2 row (576 = 18 blocks) and one Llama-7B row (4096 = 128 blocks).
     let mut g = c.benchmark_group("dot_q");
     for n in [576usize, 4096] {
@@ -84,9 +85,9 @@ fn quantized(c: &mut Criterion) {
                 }
             }
             let mut split = vec![0u8; w.len()];
-            powerinfer::split_row(kind, &w, &mut split).unwrap();
+            powerinfer::cpu::split_row(kind, &w, &mut split).unwrap();
             g.throughput(Throughput::Bytes(w.len() as u64));
-            for tier in CpuTier::supported() {
+            for tier in SimdLevel::supported() {
                 let k = Kernels::new(tier).unwrap();
                 g.bench_function(BenchmarkId::new(format!("{kind:?}/{n}"), tier), |b| {
                     b.iter(|| k.dot_q(kind, std::hint::black_box(&w), &xq))
@@ -106,7 +107,8 @@ fn quantized(c: &mut Criterion) {
 fn packed(c: &mut Criterion) {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
-    use powerinfer::{QLinear, QuantizedRow};
+    use powerinfer::cpu::QuantizedRow;
+    use powerinfer::QLinear;
     let mut g = c.benchmark_group("qlinear");
     g.sample_size(20);
     for (rows, cols, dt) in [
@@ -121,10 +123,10 @@ fn packed(c: &mut Criterion) {
         let xs = [xq];
         let mut y = vec![0f32; rows];
         g.throughput(Throughput::Bytes(q.storage_size_in_bytes() as u64));
-        for tier in CpuTier::supported() {
+        for tier in SimdLevel::supported() {
             let lin = QLinear::new(&q, None, 1)
                 .unwrap()
-                .with_cpu_tier(tier)
+                .with_simd_level(tier)
                 .unwrap();
             let mut tmp = Vec::new();
             g.bench_function(

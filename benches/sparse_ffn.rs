@@ -5,15 +5,16 @@
 //! `gbps` is the bytes our kernel had to read (active neurons x bundle bytes) over its median time;
 //! the machine's read bandwidth is measured first with the same dot kernel streaming a large buffer.
 //! Environment: `BENCH_ITERS` (default 15), `BENCH_SHAPE=small` for a quick 1024x2816 run,
-//! `BENCH_THREADS` (default "1,2"), `POWERINFER_CPU` to force a SIMD tier.
+//! `BENCH_THREADS` (default "1,2"), `POWERINFER_CPU` to force a SIMD level.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
+use powerinfer::cpu::{share, Kernels, Pool};
 use powerinfer::{
-    dense_reference, share, Activation, ActiveSet, CpuTier, FfnSpec, FfnWeights, HybridFfn,
-    HybridOptions, Kernels, Pool, PredictInput, Predictor, WeightDType,
+    dense_reference, Activation, ActiveSet, FfnSpec, FfnWeights, HybridFfn, HybridOptions,
+    PredictInput, Predictor, SimdLevel, WeightDType,
 };
 use rand::{rngs::StdRng, seq::index::sample, SeedableRng};
 
@@ -87,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
-    let tier = CpuTier::from_env()?.unwrap_or_else(CpuTier::best);
+    let tier = SimdLevel::from_env()?.unwrap_or_else(SimdLevel::best);
     let kernels = Kernels::new(tier)?;
     let shape = format!("{hidden}x{inter}");
     println!(
@@ -130,7 +131,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for dtype in [WeightDType::F32, WeightDType::F16] {
             let opts = HybridOptions {
                 threads: t,
-                cpu_tier: Some(tier),
+                simd_level: Some(tier),
                 ..Default::default()
             };
             let base = HybridFfn::from_weights(spec, w, dtype, opts)?;

@@ -32,46 +32,36 @@
 
 mod activation;
 mod active;
-mod artifact;
-mod cpu;
+pub mod analysis;
+pub mod cpu;
 mod error;
 mod ffn;
+pub mod format;
 mod hybrid;
-mod input;
 mod input_sparse;
-mod interop;
 mod linear;
-mod place;
 mod predict;
-mod profile;
-mod train;
+mod tensor_io;
 
+// The user API: the FFN blocks, their options, rules and predictors, the artifact, errors.
+// Kernels, calibration and training, and file readers live in `cpu`, `analysis` and `format`.
 pub use activation::Activation;
 pub use active::ActiveSet;
-pub use artifact::{
+pub use cpu::{ColumnStorage, SimdLevel, SIMD_LEVEL_ENV};
+pub use error::{Error, ErrorKind, Result};
+pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
+pub use format::{
     activation_name, model_sha256, Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary,
     InputRuleMeta, LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
 };
-pub use cpu::{
-    attend, dequantize_row, dequantize_split_row, quantize_row_q8_0, share, split_row,
-    ActiveColumns, ColumnMatrix, ColumnStorage, CpuTier, Kernels, KvRows, PackedRows, Pool,
-    QuantKind, QuantizedRow, CHUNK, CPU_TIER_ENV, PACK, QK, SPIN_ENV,
+pub use hybrid::{
+    plan_placement, HybridFfn, HybridOptions, LayerPlacement, Placement, PrefillPolicy,
 };
-pub use error::{Error, ErrorKind, Result};
-pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
-pub use hybrid::{HybridFfn, HybridOptions, PrefillPolicy};
 pub use input_sparse::{
     ChessRule, GreedyPath, GreedyStep, InputScore, InputScores, InputSparseFfn, InputSparseLinear,
     InputThresholds, WeightTraffic, MAX_SAMPLES, SAMPLE_EVERY,
 };
-pub use interop::{
-    parse_gpuidx, read_gguf, read_gpuidx, GgufMagic, PowerInferFile, PreNormLowRank, RowRms,
-    GGUF_MAGIC, POWERINFER_DEFAULT_THRESHOLD, POWERINFER_MAGIC, SPARSE_THRESHOLD_KEY,
-};
 pub use linear::QLinear;
-pub use place::{plan_placement, LayerPlacement, Placement};
-pub use predict::{All, GateFirst, LowRank, Oracle, PredictInput, Predictor};
-pub use profile::{ActivationStats, Histogram, PredictorAudit};
-pub use train::{
-    train_low_rank, PredictorQuality, Samples, TrainOptions, Trained, QUANTILE_MAX, QUANTILE_STEPS,
+pub use predict::{
+    All, GateFirst, LowRank, Oracle, PreNormLowRank, PredictInput, Predictor, RowRms,
 };

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Module, Tensor};
 
-use crate::cpu::{gemm, CpuTier, Kernels, PackedRows, Pool, QuantKind, QuantizedRow, PACK};
+use crate::cpu::{gemm, Kernels, PackedRows, Pool, QuantKind, QuantizedRow, SimdLevel, PACK};
 use crate::error::{Error, Result};
-use crate::input::{check_rows, to_tensor, with_f32};
+use crate::tensor_io::{check_rows, to_tensor, with_f32};
 
 /// A quantized linear layer `y = W x (+ b)` with `W: [out, in]` in GGUF blocks.
 pub struct QLinear {
@@ -102,9 +102,9 @@ impl QLinear {
         })
     }
 
-    /// The same layer on the kernels of SIMD tier `tier` (every tier gives the same bits; tests
+    /// The same layer on the kernels of SIMD level `tier` (every tier gives the same bits; tests
     /// and benchmarks compare them). A typed error if this CPU cannot run it.
-    pub fn with_cpu_tier(mut self, tier: CpuTier) -> Result<Self> {
+    pub fn with_simd_level(mut self, tier: SimdLevel) -> Result<Self> {
         self.kernels = Kernels::new(tier)?;
         Ok(self)
     }

@@ -1,9 +1,10 @@
 //! The `.powerinfer` artifact: round trip, model mismatch, truncated and corrupted files.
 
 use half::f16;
+use powerinfer::analysis::QUANTILE_STEPS;
 use powerinfer::{
     Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary, ErrorKind, InputRuleMeta,
-    InputThresholds, LayerMeta, LayerTensors, QUANTILE_STEPS,
+    InputThresholds, LayerMeta, LayerTensors,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

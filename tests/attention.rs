@@ -1,8 +1,9 @@
-//! `powerinfer::attend` (one query position, the query heads that share a KV head) against a
+//! `powerinfer::cpu::attend` (one query position, the query heads that share a KV head) against a
 //! naive f64 reference, against candle's own attention ops bit for bit, plus the typed errors for
-//! short slices. It is plain Rust, the same code on every SIMD tier.
+//! short slices. It is plain Rust, the same code on every SIMD level.
 
-use powerinfer::{attend, ErrorKind, KvRows};
+use powerinfer::cpu::{attend, KvRows};
+use powerinfer::ErrorKind;
 use proptest::prelude::*;
 
 /// Softmax-weighted values, in f64.

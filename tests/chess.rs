@@ -7,9 +7,9 @@ mod common;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 use common::*;
+use powerinfer::cpu::QuantizedRow;
 use powerinfer::{
-    Activation, ChessRule, CpuTier, FfnSpec, InputScore, InputSparseFfn, InputThresholds, QLinear,
-    QuantizedRow,
+    Activation, ChessRule, FfnSpec, InputScore, InputSparseFfn, InputThresholds, QLinear, SimdLevel,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -80,7 +80,7 @@ fn check(
             .unwrap();
         want.extend_from_slice(&y);
     }
-    for tier in CpuTier::supported() {
+    for tier in SimdLevel::supported() {
         let mut f = InputSparseFfn::from_qtensors_up_rows(spec, &qg, &qu, &qd, threads, Some(tier))
             .unwrap();
         assert!(f.has_up_rows());

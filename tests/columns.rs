@@ -1,15 +1,14 @@
 //! Column-major matrices (`ColumnMatrix`) for input-sparse products: the quantized product over
 //! the nonzero inputs is the dense block formula over the same (masked, quantized) input, bit for
-//! bit, on every SIMD tier and every split of the rows among threads; float storage matches an
+//! bit, on every SIMD level and every split of the rows among threads; float storage matches an
 //! f64 product; bad weights are typed errors.
 
 mod common;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use common::*;
-use powerinfer::{
-    ActiveColumns, ColumnMatrix, ColumnStorage, CpuTier, Kernels, QuantKind, QuantizedRow, CHUNK,
-};
+use powerinfer::cpu::{ActiveColumns, ColumnMatrix, Kernels, QuantKind, QuantizedRow, CHUNK};
+use powerinfer::{ColumnStorage, SimdLevel};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -61,7 +60,7 @@ fn check_quantized(rows: usize, blocks: usize, kind: usize, drop: f64, split: us
     let want: Vec<u32> = (0..rows)
         .map(|r| naive_row(dtype, &data[r * rb..(r + 1) * rb], &xq).to_bits())
         .collect();
-    for tier in CpuTier::supported() {
+    for tier in SimdLevel::supported() {
         let k = Kernels::new(tier).unwrap();
         let got = tier_bits(&k, &m, &x, &xq, &a, split);
         assert_eq!(
@@ -90,7 +89,7 @@ fn check_float(rows: usize, cols: usize, storage: usize, drop: f64, split: usize
             scale[r] += (f64::from(col[r]) * f64::from(xv)).abs();
         }
     }
-    for tier in CpuTier::supported() {
+    for tier in SimdLevel::supported() {
         let k = Kernels::new(tier).unwrap();
         let got = tier_bits(&k, &m, &x, &QuantizedRow::default(), &a, split);
         for r in 0..rows {

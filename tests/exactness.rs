@@ -1,13 +1,13 @@
 //! Property tests: the hybrid FFN equals the dense candle FFN for every predictor that is exact,
-//! every placement, activation, storage dtype, input dtype, SIMD tier, thread count and batch size.
+//! every placement, activation, storage dtype, input dtype, SIMD level, thread count and batch size.
 
 mod common;
 
 use candle_core::{DType, Device, Module, Tensor};
 use common::*;
 use powerinfer::{
-    Activation, CpuTier, FfnSpec, GateFirst, HybridFfn, HybridOptions, LayerPlacement, LowRank,
-    NeuronBundles, Oracle, WeightDType,
+    Activation, FfnSpec, GateFirst, HybridFfn, HybridOptions, LayerPlacement, LowRank,
+    NeuronBundles, Oracle, SimdLevel, WeightDType,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -22,14 +22,14 @@ struct Case {
     gated: bool,
     dtype: WeightDType,
     input: DType,
-    tier: CpuTier,
+    tier: SimdLevel,
     hot_frac: f64,
     active_frac: f64,
     seed: u64,
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    let tiers = CpuTier::supported();
+    let tiers = SimdLevel::supported();
     (
         (1usize..=72, 1usize..=160, 1usize..=8, 1usize..=4),
         (0usize..5, any::<bool>(), 0usize..3, 0usize..3),
@@ -97,7 +97,7 @@ fn build(c: &Case) -> Built {
         .unwrap();
     let opts = HybridOptions {
         threads: c.threads,
-        cpu_tier: Some(c.tier),
+        simd_level: Some(c.tier),
         ..Default::default()
     };
     let ffn = HybridFfn::new(bundles, opts)
@@ -177,7 +177,7 @@ fn check_quant(c: &Case, dtype: WeightDType, gate_first: bool) -> Result<(), Tes
         bundles,
         HybridOptions {
             threads: c.threads,
-            cpu_tier: Some(c.tier),
+            simd_level: Some(c.tier),
             ..Default::default()
         },
     )
@@ -193,7 +193,7 @@ fn check_quant(c: &Case, dtype: WeightDType, gate_first: bool) -> Result<(), Tes
     let y = ffn.forward(&x).unwrap();
     let xs = flat(&x);
     let mut xd = vec![0f32; xs.len()];
-    let mut q = powerinfer::QuantizedRow::default();
+    let mut q = powerinfer::cpu::QuantizedRow::default();
     for (src, dst) in xs.chunks(c.hidden).zip(xd.chunks_mut(c.hidden)) {
         q.quantize(src);
         q.dequantize(dst);
@@ -234,7 +234,7 @@ proptest! {
 #[test]
 fn edge_shapes() {
     let sizes = [1usize, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65];
-    for tier in CpuTier::supported() {
+    for tier in SimdLevel::supported() {
         for &hidden in &sizes {
             for &inter in &[1usize, 7, 16, 17, 64, 65] {
                 for &(hot_frac, active_frac) in
@@ -370,7 +370,7 @@ proptest! {
         let make = || {
             HybridFfn::new(
                 NeuronBundles::from_weights(spec, w.view(), dtype).unwrap(),
-                HybridOptions { threads: c.threads, cpu_tier: Some(c.tier), ..Default::default() },
+                HybridOptions { threads: c.threads, simd_level: Some(c.tier), ..Default::default() },
             )
             .unwrap()
             .with_placement(b.ffn.placement().clone())

@@ -8,7 +8,8 @@ mod common;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::*;
-use powerinfer::{CpuTier, InputSparseLinear, QLinear, QuantizedRow};
+use powerinfer::cpu::QuantizedRow;
+use powerinfer::{InputSparseLinear, QLinear, SimdLevel};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -58,7 +59,7 @@ fn check(
     dense
         .forward_quantized(&xq, &mut want, &mut Vec::new())
         .unwrap();
-    for tier in CpuTier::supported() {
+    for tier in SimdLevel::supported() {
         let mut l =
             InputSparseLinear::from_qtensors(&refs, b.as_ref(), threads, Some(tier)).unwrap();
         l.set_threshold(t).unwrap();

@@ -8,9 +8,10 @@ mod common;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::*;
+use powerinfer::cpu::QuantizedRow;
 use powerinfer::{
-    dense_reference, Activation, ColumnStorage, CpuTier, FfnSpec, FfnWeights, InputScore,
-    InputSparseFfn, InputThresholds, QLinear, QuantizedRow,
+    dense_reference, Activation, ColumnStorage, FfnSpec, FfnWeights, InputScore, InputSparseFfn,
+    InputThresholds, QLinear, SimdLevel,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
@@ -98,7 +99,7 @@ fn check_quant(
             .unwrap();
         want.extend(y.iter().map(|v| v.to_bits()));
     }
-    for tier in CpuTier::supported() {
+    for tier in SimdLevel::supported() {
         let mut f =
             InputSparseFfn::from_qtensors(spec, Some(&qg), &qu, &qd, threads, Some(tier)).unwrap();
         f.set_rule(score, th).unwrap();

@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Module, Tensor};
 use common::tensor;
+use powerinfer::format::{read_gpuidx, GgufMagic, PowerInferFile};
 use powerinfer::{
-    read_gpuidx, Activation, ErrorKind, FfnSpec, FfnWeights, GgufMagic, HybridFfn, HybridOptions,
-    LayerPlacement, Oracle, PowerInferFile, RowRms, WeightDType,
+    Activation, ErrorKind, FfnSpec, FfnWeights, HybridFfn, HybridOptions, LayerPlacement, Oracle,
+    RowRms, WeightDType,
 };
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -504,10 +505,10 @@ fn bad_gpuidx_files_are_typed_errors() {
     // The last tensor (one i32) ends 28 bytes before the end: the rest is alignment padding.
     let data_end = bytes.len() - 28;
     for cut in data_end..=bytes.len() {
-        assert!(powerinfer::parse_gpuidx(&bytes[..cut], "cut", LAYERS, INTER).is_ok());
+        assert!(powerinfer::format::parse_gpuidx(&bytes[..cut], "cut", LAYERS, INTER).is_ok());
     }
     for cut in 0..data_end {
-        let e = powerinfer::parse_gpuidx(&bytes[..cut], "cut", LAYERS, INTER).unwrap_err();
+        let e = powerinfer::format::parse_gpuidx(&bytes[..cut], "cut", LAYERS, INTER).unwrap_err();
         assert!(
             matches!(e.kind(), ErrorKind::Truncated { .. }),
             "cut {cut}: {e}"

@@ -1,7 +1,8 @@
-//! Every SIMD tier's row kernels against a naive f64 reference, random lengths plus edge lengths.
+//! Every SIMD level's row kernels against a naive f64 reference, random lengths plus edge lengths.
 
 use half::{bf16, f16};
-use powerinfer::{CpuTier, Kernels};
+use powerinfer::cpu::Kernels;
+use powerinfer::SimdLevel;
 use proptest::prelude::*;
 
 fn naive_dot(w: &[f64], x: &[f32]) -> f64 {
@@ -50,7 +51,7 @@ fn check(w: &[f32], x: &[f32], a: f32) -> Result<(), TestCaseError> {
             .collect(),
     ];
     let a4 = [a, -0.5 * a, 0.25, 1.5];
-    for tier in CpuTier::supported() {
+    for tier in SimdLevel::supported() {
         let k = Kernels::new(tier).unwrap();
         let d4 = [
             k.dot4_f32(std::array::from_fn(|j| &rows4[j][..]), x),
@@ -143,7 +144,7 @@ fn edge_lengths() {
 /// Mismatched lengths are cut to the shorter operand: no out-of-bounds access, no panic.
 #[test]
 fn mismatched_lengths_use_common_prefix() {
-    let k = Kernels::new(CpuTier::best()).unwrap();
+    let k = Kernels::new(SimdLevel::best()).unwrap();
     let w = vec![1.0f32; 40];
     let x = vec![2.0f32; 33];
     assert_eq!(k.dot_f32(&w, &x), 66.0);
@@ -154,18 +155,19 @@ fn mismatched_lengths_use_common_prefix() {
 
 #[test]
 fn env_override_parses_and_rejects() {
-    assert_eq!("AVX2".parse::<CpuTier>().unwrap(), CpuTier::Avx2);
-    assert!("sse9".parse::<CpuTier>().is_err());
-    assert!(CpuTier::Scalar.is_supported());
-    assert_eq!(CpuTier::supported()[0], CpuTier::Scalar);
+    assert_eq!("AVX2".parse::<SimdLevel>().unwrap(), SimdLevel::Avx2);
+    assert!("sse9".parse::<SimdLevel>().is_err());
+    assert!(SimdLevel::Scalar.is_supported());
+    assert_eq!(SimdLevel::supported()[0], SimdLevel::Scalar);
 }
 
 mod quantized {
     use half::f16;
-    use powerinfer::{
-        dequantize_row, dequantize_split_row, quantize_row_q8_0, split_row, CpuTier, Kernels,
-        QuantKind, QuantizedRow, QK,
+    use powerinfer::cpu::{
+        dequantize_row, dequantize_split_row, quantize_row_q8_0, split_row, Kernels, QuantKind,
+        QuantizedRow, QK,
     };
+    use powerinfer::SimdLevel;
     use proptest::prelude::*;
 
     /// Random blocks of `kind` with finite f16 scales (raw bytes, as a GGUF file holds them).
@@ -239,7 +241,7 @@ mod quantized {
         let mut sf = vec![0f32; nb * QK];
         dequantize_split_row(kind, &split, &mut sf);
         prop_assert_eq!(&sf, &wf);
-        for tier in CpuTier::supported() {
+        for tier in SimdLevel::supported() {
             let k = Kernels::new(tier).unwrap();
             // Q4_1's min term uses Q8_1's f16-rounded `d * sum(q)` (2^-10 of it at most).
             for (got, layout) in [
@@ -290,7 +292,7 @@ mod quantized {
             }
             let mut split = vec![0u8; w.len()];
             split_row(QuantKind::Q8_0, &w, &mut split).unwrap();
-            for tier in CpuTier::supported() {
+            for tier in SimdLevel::supported() {
                 let k = Kernels::new(tier).unwrap();
                 let y0: Vec<f32> = (0..nb * QK).map(|i| i as f32 * 0.01).collect();
                 let (mut y, mut ys) = (y0.clone(), y0.clone());
@@ -340,7 +342,7 @@ mod quantized {
                     o
                 })
                 .collect();
-            for tier in CpuTier::supported() {
+            for tier in SimdLevel::supported() {
                 let k = Kernels::new(tier).unwrap();
                 let y0: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
                 let mut y = y0.clone();

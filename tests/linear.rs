@@ -1,5 +1,5 @@
 //! `QLinear` (row-interleaved GGUF blocks) against a naive per-row reference written from the
-//! GGUF block layout, on every SIMD tier, bit for bit; against candle's own quantized matmul
+//! GGUF block layout, on every SIMD level, bit for bit; against candle's own quantized matmul
 //! (Q4_1: bit for bit); and against the dense matmul on the same quantized values.
 
 mod common;
@@ -7,7 +7,8 @@ mod common;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use common::*;
-use powerinfer::{CpuTier, ErrorKind, QLinear, QuantizedRow, PACK};
+use powerinfer::cpu::{QuantizedRow, PACK};
+use powerinfer::{ErrorKind, QLinear, SimdLevel};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -37,10 +38,10 @@ fn check_bits(out: usize, inp: usize, rows: usize, threads: usize, kind: usize, 
         .flat_map(|x| (0..out).map(move |o| (o, x)))
         .map(|(o, x)| naive_row(dtype, &data[o * rb..(o + 1) * rb], x).to_bits())
         .collect();
-    for tier in CpuTier::supported() {
+    for tier in SimdLevel::supported() {
         let lin = QLinear::new(&q, None, threads)
             .unwrap()
-            .with_cpu_tier(tier)
+            .with_simd_level(tier)
             .unwrap();
         let mut y = vec![0f32; rows * out];
         lin.forward_quantized(&xq, &mut y, &mut Vec::new()).unwrap();

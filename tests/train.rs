@@ -2,10 +2,8 @@
 //! low-rank rule: neuron `i` fires when `(A B x)_i > 0`.
 
 use candle_core::{Device, Module, Tensor};
-use powerinfer::{
-    train_low_rank, Activation, FfnSpec, FfnWeights, HybridFfn, HybridOptions, Oracle, Samples,
-    TrainOptions, WeightDType,
-};
+use powerinfer::analysis::{train_low_rank, Samples, TrainOptions};
+use powerinfer::{Activation, FfnSpec, FfnWeights, HybridFfn, HybridOptions, Oracle, WeightDType};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const HIDDEN: usize = 64;

@@ -1,4 +1,4 @@
-//! The kernel table: one set of row kernels per SIMD tier, chosen at run time.
+//! The kernel table: one set of row kernels per SIMD level, chosen at run time.
 //!
 //! The portable table is always available; each tier the CPU supports can replace it. The choice
 //! is made once per [`Kernels`] value (by detection, by `POWERINFER_CPU`, or explicitly in tests),
@@ -18,9 +18,9 @@ use super::simd::{self, Scalar};
 use super::split;
 use crate::error::{Error, Result};
 
-/// A SIMD tier of the CPU kernels.
+/// A SIMD level of the CPU kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CpuTier {
+pub enum SimdLevel {
     /// Plain Rust, one lane. Always available.
     Scalar,
     /// x86-64 AVX2 + FMA + F16C, 8 lanes.
@@ -32,55 +32,55 @@ pub enum CpuTier {
 }
 
 /// The environment variable that forces a tier (`scalar`, `avx2`, `avx512`, `neon`).
-pub const CPU_TIER_ENV: &str = "POWERINFER_CPU";
+pub const SIMD_LEVEL_ENV: &str = "POWERINFER_CPU";
 
-impl CpuTier {
+impl SimdLevel {
     /// Every tier, best last.
-    pub const ALL: [CpuTier; 4] = [
-        CpuTier::Scalar,
-        CpuTier::Neon,
-        CpuTier::Avx2,
-        CpuTier::Avx512,
+    pub const ALL: [SimdLevel; 4] = [
+        SimdLevel::Scalar,
+        SimdLevel::Neon,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
     ];
 
     /// True when this CPU can run the tier.
     pub fn is_supported(self) -> bool {
         match self {
-            CpuTier::Scalar => true,
+            SimdLevel::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            CpuTier::Avx2 => {
+            SimdLevel::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
                     && std::arch::is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
-            CpuTier::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            SimdLevel::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
             #[cfg(target_arch = "aarch64")]
-            CpuTier::Neon => true,
+            SimdLevel::Neon => true,
             #[allow(unreachable_patterns)]
             _ => false,
         }
     }
 
     /// The tiers this CPU supports, best last.
-    pub fn supported() -> Vec<CpuTier> {
+    pub fn supported() -> Vec<SimdLevel> {
         Self::ALL.into_iter().filter(|t| t.is_supported()).collect()
     }
 
     /// The best supported tier.
-    pub fn best() -> CpuTier {
-        Self::supported().pop().unwrap_or(CpuTier::Scalar)
+    pub fn best() -> SimdLevel {
+        Self::supported().pop().unwrap_or(SimdLevel::Scalar)
     }
 
     /// The tier named by `POWERINFER_CPU`, if set; a typed error when it names an unknown tier or
     /// one this CPU lacks.
-    pub fn from_env() -> Result<Option<CpuTier>> {
-        match std::env::var(CPU_TIER_ENV) {
+    pub fn from_env() -> Result<Option<SimdLevel>> {
+        match std::env::var(SIMD_LEVEL_ENV) {
             Ok(s) if !s.is_empty() => {
-                let t: CpuTier = s.parse()?;
+                let t: SimdLevel = s.parse()?;
                 if !t.is_supported() {
                     return Err(Error::config(
-                        CPU_TIER_ENV,
+                        SIMD_LEVEL_ENV,
                         format!("tier `{t}` is not supported by this CPU"),
                     ));
                 }
@@ -91,27 +91,27 @@ impl CpuTier {
     }
 }
 
-impl fmt::Display for CpuTier {
+impl fmt::Display for SimdLevel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            CpuTier::Scalar => "scalar",
-            CpuTier::Avx2 => "avx2",
-            CpuTier::Avx512 => "avx512",
-            CpuTier::Neon => "neon",
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+            SimdLevel::Neon => "neon",
         })
     }
 }
 
-impl FromStr for CpuTier {
+impl FromStr for SimdLevel {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
-            "scalar" => Ok(CpuTier::Scalar),
-            "avx2" => Ok(CpuTier::Avx2),
-            "avx512" => Ok(CpuTier::Avx512),
-            "neon" => Ok(CpuTier::Neon),
+            "scalar" => Ok(SimdLevel::Scalar),
+            "avx2" => Ok(SimdLevel::Avx2),
+            "avx512" => Ok(SimdLevel::Avx512),
+            "neon" => Ok(SimdLevel::Neon),
             _ => Err(Error::config(
-                CPU_TIER_ENV,
+                SIMD_LEVEL_ENV,
                 format!("unknown tier `{s}` (scalar, avx2, avx512, neon)"),
             )),
         }
@@ -136,7 +136,7 @@ type Axpy4Fn<E> = fn(&mut [f32], [f32; 4], [&[E]; 4]);
 /// Row kernels of one tier. Lengths: both operands are cut to the shorter one.
 #[derive(Clone, Copy)]
 pub struct Kernels {
-    tier: CpuTier,
+    tier: SimdLevel,
     dot_f32: DotFn<f32>,
     dot_f16: DotFn<f16>,
     dot_bf16: DotFn<bf16>,
@@ -220,26 +220,26 @@ macro_rules! table {
 
 impl Kernels {
     /// The table for `tier`, or a typed error if this CPU cannot run it.
-    pub fn new(tier: CpuTier) -> Result<Kernels> {
+    pub fn new(tier: SimdLevel) -> Result<Kernels> {
         if !tier.is_supported() {
             return Err(Error::config(
-                "cpu_tier",
+                "simd_level",
                 format!("tier `{tier}` is not supported by this CPU"),
             ));
         }
         #[allow(unused_mut)]
         let mut k = match tier {
             #[cfg(target_arch = "x86_64")]
-            CpuTier::Avx2 => table!(CpuTier::Avx2, super::x86::Avx2, "avx2,fma,f16c"),
+            SimdLevel::Avx2 => table!(SimdLevel::Avx2, super::x86::Avx2, "avx2,fma,f16c"),
             #[cfg(target_arch = "x86_64")]
-            CpuTier::Avx512 => table!(CpuTier::Avx512, super::x86::Avx512, "avx512f"),
+            SimdLevel::Avx512 => table!(SimdLevel::Avx512, super::x86::Avx512, "avx512f"),
             #[cfg(target_arch = "aarch64")]
-            CpuTier::Neon => table!(CpuTier::Neon, super::neon::Neon, "neon"),
+            SimdLevel::Neon => table!(SimdLevel::Neon, super::neon::Neon, "neon"),
             _ => Kernels::scalar(),
         };
         // The integer kernels have an AVX2 form, used by every x86 tier above scalar.
         #[cfg(target_arch = "x86_64")]
-        if tier != CpuTier::Scalar && CpuTier::Avx2.is_supported() {
+        if tier != SimdLevel::Scalar && SimdLevel::Avx2.is_supported() {
             // SAFETY (both): AVX2 and FMA were detected just above.
             k.dot_q = |kind, w, x| unsafe { quant::avx2::dot(kind, w, x) };
             k.axpy_q8_0 = |y, a, w| unsafe { quant::avx2::axpy_q8_0(y, a, w) };
@@ -259,7 +259,7 @@ impl Kernels {
         }
         // The integer products use AVX-512 VNNI where the AVX-512 tier has it.
         #[cfg(target_arch = "x86_64")]
-        if tier == CpuTier::Avx512 && has_vnni512() {
+        if tier == SimdLevel::Avx512 && has_vnni512() {
             // SAFETY (six): AVX-512F/BW/VL/VNNI detected by `has_vnni512`.
             k.gemm_q = |p, g, x, o| unsafe { packed::x86::gemm_vnni(p, g, x, o) };
             k.dot_qs = |kind, w, x| unsafe { split::x86::dot_vnni(kind, w, x) };
@@ -275,7 +275,7 @@ impl Kernels {
     pub fn uses_vnni(&self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            self.tier == CpuTier::Avx512 && has_vnni512()
+            self.tier == SimdLevel::Avx512 && has_vnni512()
         }
         #[cfg(not(target_arch = "x86_64"))]
         false
@@ -283,7 +283,7 @@ impl Kernels {
 
     fn scalar() -> Kernels {
         Kernels {
-            tier: CpuTier::Scalar,
+            tier: SimdLevel::Scalar,
             // SAFETY (all twelve): the scalar tier needs no CPU feature.
             dot_f32: |w, x| unsafe { simd::dot::<Scalar, f32>(w, x) },
             dot_f16: |w, x| unsafe { simd::dot::<Scalar, f16>(w, x) },
@@ -327,11 +327,11 @@ impl Kernels {
 
     /// `POWERINFER_CPU` if set, else the best detected tier.
     pub fn detect() -> Result<Kernels> {
-        Kernels::new(CpuTier::from_env()?.unwrap_or_else(CpuTier::best))
+        Kernels::new(SimdLevel::from_env()?.unwrap_or_else(SimdLevel::best))
     }
 
     /// The tier of this table.
-    pub fn tier(&self) -> CpuTier {
+    pub fn tier(&self) -> SimdLevel {
         self.tier
     }
 
@@ -405,7 +405,7 @@ impl Kernels {
         (self.axpy_q8_0)(y, a, w)
     }
 
-    /// `w . x` for a quantized row in the split layout ([`split_row`](crate::split_row): scales
+    /// `w . x` for a quantized row in the split layout ([`split_row`](crate::cpu::split_row): scales
     /// first, then values) against an input quantized with [`QuantizedRow::quantize`].
     pub fn dot_q_split(&self, kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
         (self.dot_qs)(kind, w, x)

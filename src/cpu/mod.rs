@@ -1,4 +1,4 @@
-//! CPU kernels: row kernels per SIMD tier, the persistent pool, and the sparse FFN tier.
+//! CPU kernels: row kernels per SIMD level, the persistent pool, and the sparse FFN tier.
 //!
 //! The only module (with its children) that contains `unsafe`: SIMD intrinsics behind run-time
 //! detection, and the pool's hand-off of borrowed jobs to worker threads.
@@ -24,7 +24,7 @@ pub(crate) use bundles::{BundleData, BundleLayout, BundleView};
 pub(crate) use columns::product as column_product;
 pub use columns::{ActiveColumns, ColumnMatrix, ColumnStorage, CHUNK};
 pub(crate) use dense_pass::{DensePass, NeuronRow};
-pub use kernels::{CpuTier, Kernels, CPU_TIER_ENV};
+pub use kernels::{Kernels, SimdLevel, SIMD_LEVEL_ENV};
 
 /// Asks the CPU to start loading `s` into cache (a hint: never faults, no effect elsewhere).
 /// Small rows at a fixed stride (hidden 576: 360-byte Q4_1 rows 1332 bytes apart) are otherwise

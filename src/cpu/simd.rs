@@ -1,4 +1,4 @@
-//! The row kernels written once over a small vector trait, instantiated per SIMD tier.
+//! The row kernels written once over a small vector trait, instantiated per SIMD level.
 //!
 //! `dot(w, x)` and `axpy(y, a, w)` read one weight row (f32, f16 or bf16) and work in f32. Each tier
 //! supplies a [`Simd`] implementation; the generic bodies are `#[inline(always)]` so they compile

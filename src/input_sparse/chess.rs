@@ -4,19 +4,19 @@
 //!
 //! Skipping a neuron's up skips one *row* of up, so in this layout up is kept as the file's
 //! rows (GGUF blocks, row-major, the file's bytes) instead of columns, and it has no input rule.
-//! A kept row is one block dot product (`Kernels::dot_q`, scalar); for Q4_1 its min term uses
-//! ggml's f16-rounded `d * sum(q)` (2^-10 relative), so this path equals the dense FFN within
-//! that rounding, not bit for bit. It is an evaluated rule, not a tuned one: on SmolLM2 it lost
-//! to TEAL at every budget (README).
+//! A kept row is one block dot product (`Kernels::dot_q`, scalar), whose float result can differ
+//! from the packed kernel's (on SmolLM2's Q4_1 FFN inputs by up to 1e-3 relative), so this path
+//! equals the dense FFN within that, not bit for bit. It is an evaluated rule, not a tuned one:
+//! on SmolLM2 it lost to TEAL at every budget (README).
 
 use candle_core::quantized::QTensor;
 
 use super::{quant_kind, InputScores, InputSparseFfn, InputThresholds, Scratch};
-use crate::cpu::{ColumnMatrix, CpuTier, QuantKind, CHUNK, QK};
+use crate::analysis::Histogram;
+use crate::cpu::{ColumnMatrix, QuantKind, SimdLevel, CHUNK, QK};
 use crate::error::{Error, Result};
 use crate::ffn::FfnSpec;
-use crate::input::check_finite;
-use crate::profile::Histogram;
+use crate::tensor_io::check_finite;
 
 /// How up is stored.
 pub(super) enum Up {
@@ -72,7 +72,7 @@ impl InputSparseFfn {
         up: &QTensor,
         down: &QTensor,
         threads: usize,
-        tier: Option<CpuTier>,
+        tier: Option<SimdLevel>,
     ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
         if up.shape().dims() != [n, h] {

@@ -8,7 +8,7 @@
 
 use super::{InputScores, InputSparseFfn, InputThresholds};
 use crate::error::{Error, Result};
-use crate::input::check_finite;
+use crate::tensor_io::check_finite;
 
 /// One step of a [`GreedyPath`].
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -12,11 +12,11 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Module, Tensor};
 
 use super::{Input, WeightTraffic};
-use crate::cpu::{column_product, ColumnMatrix, CpuTier, Kernels, Pool, CHUNK, QK};
+use crate::analysis::Histogram;
+use crate::cpu::{column_product, ColumnMatrix, Kernels, Pool, SimdLevel, CHUNK, QK};
 use crate::error::{Error, Result};
-use crate::input::{check_f32_rows_io, check_rows, to_tensor, with_f32};
 use crate::linear::{dims2, quant_kind};
-use crate::profile::Histogram;
+use crate::tensor_io::{check_f32_rows_io, check_rows, to_tensor, with_f32};
 
 #[derive(Debug, Default)]
 struct Scratch {
@@ -58,7 +58,7 @@ impl InputSparseLinear {
         ws: &[&QTensor],
         bias: Option<&Tensor>,
         threads: usize,
-        tier: Option<CpuTier>,
+        tier: Option<SimdLevel>,
     ) -> Result<Self> {
         if threads == 0 {
             return Err(Error::config("threads", "must be at least 1"));

@@ -20,14 +20,14 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Module, Tensor};
 
+use crate::analysis::Histogram;
 use crate::cpu::{
-    column_product, ActiveColumns, ColumnMatrix, ColumnStorage, CpuTier, Kernels, Pool, QuantKind,
-    QuantizedRow, CHUNK,
+    column_product, ActiveColumns, ColumnMatrix, ColumnStorage, Kernels, Pool, QuantKind,
+    QuantizedRow, SimdLevel, CHUNK,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights};
-use crate::input::{check_f32_rows, check_rows, to_tensor, with_f32};
-use crate::profile::Histogram;
+use crate::tensor_io::{check_f32_rows, check_rows, to_tensor, with_f32};
 
 mod chess;
 mod greedy;
@@ -200,7 +200,7 @@ impl InputSparseFfn {
         up: Up,
         down: ColumnMatrix,
         threads: usize,
-        tier: Option<CpuTier>,
+        tier: Option<SimdLevel>,
     ) -> Result<Self> {
         if threads == 0 {
             return Err(Error::config("threads", "must be at least 1"));
@@ -235,7 +235,7 @@ impl InputSparseFfn {
     }
 
     /// The FFN on GGUF tensors as a file holds them (`[out, in]`, Q4_0 / Q4_1 / Q8_0 blocks kept
-    /// exactly), on `threads` threads (`tier`: `None` detects the SIMD tier). Every threshold
+    /// exactly), on `threads` threads (`tier`: `None` detects the SIMD level). Every threshold
     /// starts at 0 (dense).
     pub fn from_qtensors(
         spec: FfnSpec,
@@ -243,7 +243,7 @@ impl InputSparseFfn {
         up: &QTensor,
         down: &QTensor,
         threads: usize,
-        tier: Option<CpuTier>,
+        tier: Option<SimdLevel>,
     ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
         let gate = gate
@@ -261,7 +261,7 @@ impl InputSparseFfn {
         w: FfnWeights<'_>,
         storage: ColumnStorage,
         threads: usize,
-        tier: Option<CpuTier>,
+        tier: Option<SimdLevel>,
     ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
         let gate = w
@@ -311,8 +311,8 @@ impl InputSparseFfn {
         self.pool.threads()
     }
 
-    /// The SIMD tier in use.
-    pub fn cpu_tier(&self) -> CpuTier {
+    /// The SIMD level in use.
+    pub fn simd_level(&self) -> SimdLevel {
         self.kernels.tier()
     }
 

@@ -1,8 +1,8 @@
 //! The rule's types: how entries are scored, the per-layer thresholds, the calibration
 //! histograms they are read from, and the weight bytes a run read.
 
+use crate::analysis::Histogram;
 use crate::error::{Error, Result};
-use crate::profile::Histogram;
 
 /// How an input entry is scored against its matrix's threshold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -145,7 +145,7 @@ pub fn h16(b: &[u8]) -> f32 {
 pub fn naive_row(
     kind: candle_core::quantized::GgmlDType,
     row: &[u8],
-    x: &powerinfer::QuantizedRow,
+    x: &powerinfer::cpu::QuantizedRow,
 ) -> f32 {
     let bb = match kind {
         candle_core::quantized::GgmlDType::Q4_0 => 18,

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use powerinfer::{train_low_rank, TrainOptions, QUANTILE_STEPS};
+use powerinfer::analysis::{train_low_rank, TrainOptions, QUANTILE_STEPS};
 use powerinfer_candle::{fetch, open, FfnMode, Sampling};
 
 fn arg<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {

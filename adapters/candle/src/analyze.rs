@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use candle_core::Tensor;
-use powerinfer::{ActivationStats, Artifact, PredictorAudit, Samples};
+use powerinfer::analysis::{ActivationStats, PredictorAudit, Samples};
+use powerinfer::Artifact;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{Ffn, FfnProbe, Llama};

@@ -1,9 +1,10 @@
 //! Calibration of per-layer thresholds, realized sparsity, and perplexity.
 
 use candle_core::D;
+use powerinfer::analysis::{ActivationStats, Histogram};
 use powerinfer::{
-    ActivationStats, ChessRule, GateFirst, GreedyPath, Histogram, InputScore, InputScores,
-    InputSparseFfn, InputSparseLinear, InputThresholds, WeightTraffic,
+    ChessRule, GateFirst, GreedyPath, InputScore, InputScores, InputSparseFfn, InputSparseLinear,
+    InputThresholds, WeightTraffic,
 };
 
 use crate::error::{ErrorKind, Result};

@@ -10,23 +10,24 @@
 //! 3. RoPE in place on q and k; k and v written into the preallocated cache (`[position][kv
 //!    head][head dim]`, grown geometrically, never concatenated);
 //! 4. attention per KV head: the query heads that share it read its keys and values once
-//!    (`powerinfer::attend`: scores, softmax, weighted sum), no K/V copy per query head;
+//!    (`powerinfer::cpu::attend`: scores, softmax, weighted sum), no K/V copy per query head;
 //! 5. the output projection, the residual add fused with the FFN's RMSNorm, the FFN;
 //! 6. after the last layer, the final norm and the LM head (our integer kernels) on the rows
 //!    whose logits are wanted.
 //!
-//! Every parallel step (the products, attention, the FFN) runs on the same `powerinfer::Pool`,
+//! Every parallel step (the products, attention, the FFN) runs on the same `powerinfer::cpu::Pool`,
 //! whose threads are the only ones working: candle's rayon pool is idle on this path. Norms,
 //! RoPE and the residual adds are a few thousand flops per token and run on the calling thread.
 //! The arithmetic is the reference model's, in candle's order: RMSNorm's sequential sum, RoPE,
-//! `silu`, the attention sums (`powerinfer::attend`), and Q4_1 products bit-identical to candle's
+//! `silu`, the attention sums (`powerinfer::cpu::attend`), and Q4_1 products bit-identical to candle's
 //! quantized matmul. What differs: the float order of Q4_0/Q8_0 blocks (the Q8_0 LM head among
 //! them), and a prompt's rows, which are computed as single-row steps (candle's batched matmul
 //! orders its sums by batch size; ours gives a batch the bits of token-by-token decoding).
 
 use std::sync::Arc;
 
-use powerinfer::{attend, HybridFfn, KvRows, Pool, QLinear, QuantizedRow, RowRms};
+use powerinfer::cpu::{attend, KvRows, Pool, QuantizedRow};
+use powerinfer::{HybridFfn, QLinear, RowRms};
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};

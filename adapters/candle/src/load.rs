@@ -73,7 +73,7 @@ pub enum FfnMode {
         storage: Option<WeightDType>,
         /// The predictor.
         predictor: PredictorChoice,
-        /// Threads, SIMD tier, prefill policy.
+        /// Threads, SIMD level, prefill policy.
         options: HybridOptions,
         /// Run the attention projections and the LM head through powerinfer's quantized kernels
         /// (`QLinear`, GGUF Q4_0 / Q4_1 / Q8_0) instead of candle's matmul (which has no SIMD
@@ -145,7 +145,7 @@ pub struct GgufFile {
     pub content: gguf_file::Content,
     /// `GGUF`, or PowerInfer's `PWRI` (a llama file PowerInfer runs sparse: ReLU FFN,
     /// `ffn_down_t`, predictors).
-    pub magic: powerinfer::GgufMagic,
+    pub magic: powerinfer::format::GgufMagic,
     path: std::path::PathBuf,
     file: File,
 }

@@ -1,14 +1,15 @@
 //! PowerInfer's own files in the llama model: `PWRI`-magic GGUF models (ReLU FFN, down stored
 //! transposed as `blk.N.ffn_down_t.weight`, predictors `blk.N.fc1` / `blk.N.fc2`) and `.gpuidx`
-//! placements. The file formats are read by the engine (`powerinfer::PowerInferFile`,
-//! `powerinfer::read_gpuidx`); this module wires them into a loaded [`Llama`].
+//! placements. The file formats are read by the engine (`powerinfer::format::PowerInferFile`,
+//! `powerinfer::format::read_gpuidx`); this module wires them into a loaded [`Llama`].
 
 use std::fs::File;
 use std::path::Path;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor, D};
-use powerinfer::{Activation, GgufMagic, LayerPlacement, PowerInferFile, RowRms};
+use powerinfer::format::{GgufMagic, PowerInferFile};
+use powerinfer::{Activation, LayerPlacement, RowRms};
 
 use crate::config::LlamaConfig;
 use crate::error::{Error, Result};
@@ -18,7 +19,7 @@ use crate::model::{Ffn, Llama};
 /// Reads a GGUF header whose magic is `GGUF` or `PWRI`; file-level problems (magic, truncation,
 /// malformed header) are this crate's `Format` error naming the file.
 pub(crate) fn read_header(file: &mut File, path: &Path) -> Result<(GgufMagic, gguf_file::Content)> {
-    powerinfer::read_gguf(file, &path.display().to_string()).map_err(|e| match e.kind() {
+    powerinfer::format::read_gguf(file, &path.display().to_string()).map_err(|e| match e.kind() {
         powerinfer::ErrorKind::BadMagic { .. }
         | powerinfer::ErrorKind::Truncated { .. }
         | powerinfer::ErrorKind::Format { .. } => Error::format(path, e.to_string()),
@@ -138,7 +139,7 @@ impl Llama {
         Ok(())
     }
 
-    /// Applies one placement per layer (e.g. from `powerinfer::read_gpuidx`) to the hybrid FFNs.
+    /// Applies one placement per layer (e.g. from `powerinfer::format::read_gpuidx`) to the hybrid FFNs.
     /// Placement decides where a neuron is computed, never whether: outputs do not change.
     pub fn apply_placements(&mut self, placements: Vec<LayerPlacement>) -> Result<()> {
         if placements.len() != self.layers.len() {

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use powerinfer::{read_gpuidx, HybridOptions, PowerInferFile, WeightDType};
+use powerinfer::format::{read_gpuidx, PowerInferFile};
+use powerinfer::{HybridOptions, WeightDType};
 use powerinfer_candle::{load_gguf, ErrorKind, Ffn, FfnMode, GgufFile, Llama, PredictorChoice};
 
 const HIDDEN: usize = 64;
@@ -164,7 +165,7 @@ fn hybrid() -> FfnMode {
 
 fn load(path: &Path, mode: &FfnMode) -> Llama {
     let mut g = GgufFile::open(path).unwrap();
-    assert_eq!(g.magic, powerinfer::GgufMagic::PowerInfer);
+    assert_eq!(g.magic, powerinfer::format::GgufMagic::PowerInfer);
     load_gguf(&mut g, mode).unwrap()
 }
 

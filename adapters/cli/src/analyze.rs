@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use powerinfer::analysis::{train_low_rank, Samples, TrainOptions, QUANTILE_MAX, QUANTILE_STEPS};
 use powerinfer::{
-    activation_name, plan_placement, train_low_rank, Artifact, ArtifactMeta, CalibrationSummary,
-    LayerMeta, LayerTensors, Samples, TrainOptions, QUANTILE_MAX, QUANTILE_STEPS,
+    activation_name, plan_placement, Artifact, ArtifactMeta, CalibrationSummary, LayerMeta,
+    LayerTensors,
 };
 use powerinfer_candle::{model_sha256, native_storage, FfnMode, Sampling};
 
@@ -99,7 +100,7 @@ pub(crate) fn run(a: &AnalyzeArgs) -> Result<()> {
         .model
         .magnitude_stats(head, a.ctx, &mut |d| pb.set_position(d as u64))?;
     pb.finish();
-    let quantile = |s: &powerinfer::ActivationStats, q: f64| {
+    let quantile = |s: &powerinfer::analysis::ActivationStats, q: f64| {
         s.threshold_for_sparsity(q)
             .context("no activations recorded (is the calibration text empty?)")
     };

@@ -64,10 +64,10 @@ impl SparseSettings {
             if a.powerinfer.is_none() {
                 bail!("--predictor-sparsity needs --powerinfer ARTIFACT");
             }
-            if !(0.0..=powerinfer::QUANTILE_MAX).contains(&s) {
+            if !(0.0..=powerinfer::analysis::QUANTILE_MAX).contains(&s) {
                 bail!(
                     "--predictor-sparsity {s}: expected a value in [0, {}]",
-                    powerinfer::QUANTILE_MAX
+                    powerinfer::analysis::QUANTILE_MAX
                 );
             }
         }
@@ -229,7 +229,7 @@ impl Sparse {
                 .layers
                 .iter()
                 .map(|l| {
-                    powerinfer::Trained::threshold_for_sparsity(&l.h_quantiles, s)
+                    powerinfer::analysis::Trained::threshold_for_sparsity(&l.h_quantiles, s)
                         .with_context(|| format!("sparsity {s} outside the artifact's sweep"))
                 })
                 .collect::<Result<_>>()?,

@@ -3,7 +3,7 @@
 //! and cost, and a sparsity sweep with its picture.
 
 use anyhow::{bail, Result};
-use powerinfer::PredictorAudit;
+use powerinfer::analysis::PredictorAudit;
 use powerinfer_candle::FfnMode;
 use serde_json::json;
 
@@ -217,10 +217,10 @@ fn parse_sweep(s: &Option<String>) -> Result<Vec<f64>> {
                 .trim()
                 .parse()
                 .map_err(|_| anyhow::anyhow!("--sweep {s}: `{p}` is not a number"))?;
-            if !(0.0..=powerinfer::QUANTILE_MAX).contains(&v) {
+            if !(0.0..=powerinfer::analysis::QUANTILE_MAX).contains(&v) {
                 bail!(
                     "--sweep {s}: {v} is outside [0, {}]",
-                    powerinfer::QUANTILE_MAX
+                    powerinfer::analysis::QUANTILE_MAX
                 );
             }
             Ok(v)

@@ -2,9 +2,10 @@
 //! choice of how a target FFN sparsity is split between gate, up and down, and its evaluation.
 
 use anyhow::{bail, Result};
+use powerinfer::analysis::Histogram;
 use powerinfer::{
-    AttentionRuleMeta, GreedyPath, Histogram, InputRuleMeta, InputScore, InputScores,
-    InputThresholds, WeightTraffic,
+    AttentionRuleMeta, GreedyPath, InputRuleMeta, InputScore, InputScores, InputThresholds,
+    WeightTraffic,
 };
 use powerinfer_candle::{FfnMode, Llama};
 

@@ -479,7 +479,7 @@ fn check_quant_finite(kind: QuantKind, bytes: &[u8], h: usize, name: &str) -> Re
 
 /// Neuron-major quantized bundles: for neuron `i`, its row of each matrix in `rows` (raw blocks,
 /// `[intermediate, hidden]` each) then its down row (`down_t`, f32 `[intermediate, hidden]`)
-/// re-quantized to Q8_0, every row in the split layout (`crate::split_row`: scales, then values).
+/// re-quantized to Q8_0, every row in the split layout (`crate::cpu::split_row`: scales, then values).
 fn interleave_quant(
     spec: &FfnSpec,
     kind: QuantKind,

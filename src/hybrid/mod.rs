@@ -7,19 +7,22 @@
 //! Scratch buffers live in the block and are reused: no heap allocation and no thread spawn per
 //! token inside [`HybridFfn::forward_f32`] once the largest batch has been seen.
 
+mod place;
+
+pub use place::{plan_placement, LayerPlacement, Placement};
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 
-use crate::cpu::{share, CpuTier, Kernels, Pool, SparseJob, ThreadScratch};
+use crate::analysis::{ActivationStats, PredictorAudit};
+use crate::cpu::{share, Kernels, Pool, SimdLevel, SparseJob, ThreadScratch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights, NeuronBundles, WeightDType};
-use crate::input::{check_f32_rows, check_finite, check_rows, to_tensor, with_f32};
-use crate::place::LayerPlacement;
 use crate::predict::{ActiveSet, All, PredictInput, Predictor};
-use crate::profile::{ActivationStats, PredictorAudit};
+use crate::tensor_io::{check_f32_rows, check_finite, check_rows, to_tensor, with_f32};
 
 /// What to do when a call carries many rows at once (prompt prefill).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -39,8 +42,8 @@ pub struct HybridOptions {
     /// Threads of the CPU tier (the calling thread included). Layers with the same count share
     /// one pool. Default: the machine's available parallelism.
     pub threads: usize,
-    /// Force a SIMD tier; `None` uses `POWERINFER_CPU` or the best detected tier.
-    pub cpu_tier: Option<CpuTier>,
+    /// Force a SIMD level; `None` uses `POWERINFER_CPU` or the best detected level.
+    pub simd_level: Option<SimdLevel>,
     /// Many-row behaviour.
     pub prefill: PrefillPolicy,
     /// Layer index, used in error messages.
@@ -51,7 +54,7 @@ impl Default for HybridOptions {
     fn default() -> Self {
         HybridOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu_tier: None,
+            simd_level: None,
             prefill: PrefillPolicy::Union,
             layer: None,
         }
@@ -111,7 +114,7 @@ impl std::fmt::Debug for HybridFfn {
 impl HybridFfn {
     /// A block over `bundles` computing every neuron (`All`), every neuron on the CPU tier.
     pub fn new(bundles: NeuronBundles, opts: HybridOptions) -> Result<Self> {
-        let kernels = match opts.cpu_tier {
+        let kernels = match opts.simd_level {
             Some(t) => Kernels::new(t)?,
             None => Kernels::detect()?,
         };
@@ -309,8 +312,8 @@ impl HybridFfn {
         &self.placement
     }
 
-    /// The SIMD tier in use.
-    pub fn cpu_tier(&self) -> CpuTier {
+    /// The SIMD level in use.
+    pub fn simd_level(&self) -> SimdLevel {
         self.kernels.tier()
     }
 

@@ -24,14 +24,14 @@ use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::activation::Activation;
+use crate::analysis::QUANTILE_STEPS;
+use crate::analysis::{Trained, QUANTILE_MAX};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::FfnSpec;
 use crate::hybrid::HybridFfn;
+use crate::hybrid::LayerPlacement;
 use crate::input_sparse::{InputScore, InputThresholds};
-use crate::place::LayerPlacement;
 use crate::predict::LowRank;
-use crate::train::QUANTILE_STEPS;
-use crate::train::{Trained, QUANTILE_MAX};
 
 /// Format name stored in the metadata.
 pub const ARTIFACT_FORMAT: &str = "powerinfer";
