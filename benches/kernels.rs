@@ -138,5 +138,10 @@ fn packed(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernels, quantized, packed);
+#[allow(missing_docs)] // criterion_group! generates an undocumented function.
+mod group {
+    use super::*;
+    criterion_group!(benches, kernels, quantized, packed);
+}
+use group::benches;
 criterion_main!(benches);

@@ -28,7 +28,6 @@
 //! assert_eq!(y.dims(), &[1, 3, hidden]);
 //! # Ok(()) }
 //! ```
-#![deny(missing_docs)]
 
 mod activation;
 mod active;

@@ -220,6 +220,8 @@ macro_rules! table {
 
 impl Kernels {
     /// The table for `tier`, or a typed error if this CPU cannot run it.
+    // The tables' closures share one `// SAFETY` line per table (see `table!` and `scalar`).
+    #[allow(clippy::undocumented_unsafe_blocks)]
     pub fn new(tier: SimdLevel) -> Result<Kernels> {
         if !tier.is_supported() {
             return Err(Error::config(
@@ -281,6 +283,8 @@ impl Kernels {
         false
     }
 
+    // One `// SAFETY` line covers the table's closures.
+    #[allow(clippy::undocumented_unsafe_blocks)]
     fn scalar() -> Kernels {
         Kernels {
             tier: SimdLevel::Scalar,

@@ -14,7 +14,6 @@
 //! println!("{}", tok.decode(&out.tokens)?);
 //! # Ok(()) }
 //! ```
-#![deny(missing_docs)]
 
 mod analyze;
 mod config;
