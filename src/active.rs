@@ -75,21 +75,31 @@ impl ActiveSet {
         self.all
     }
 
-    /// Whether `neuron` is active for `row`.
+    /// Whether `neuron` is active for `row`; `None` when either is out of range.
+    pub fn contains(&self, row: usize, neuron: usize) -> Option<bool> {
+        (row < self.rows && neuron < self.intermediate).then(|| self.has(row, neuron))
+    }
+
+    /// [`ActiveSet::contains`] for indices the caller keeps in range (the kernels' loops).
     #[inline]
-    pub fn contains(&self, row: usize, neuron: usize) -> bool {
+    pub(crate) fn has(&self, row: usize, neuron: usize) -> bool {
         self.all || (self.mask[row * self.words + neuron / 64] >> (neuron % 64)) & 1 == 1
     }
 
-    /// Active neurons of one row.
-    pub fn row_count(&self, row: usize) -> usize {
-        if self.all {
-            return self.intermediate;
+    /// Active neurons of one row; `None` when `row` is out of range.
+    pub fn row_count(&self, row: usize) -> Option<usize> {
+        if row >= self.rows {
+            return None;
         }
-        self.mask[row * self.words..(row + 1) * self.words]
-            .iter()
-            .map(|w| w.count_ones() as usize)
-            .sum()
+        if self.all {
+            return Some(self.intermediate);
+        }
+        Some(
+            self.mask[row * self.words..(row + 1) * self.words]
+                .iter()
+                .map(|w| w.count_ones() as usize)
+                .sum(),
+        )
     }
 
     /// Sorted neurons active in at least one row (valid after the FFN has run the predictor).

@@ -304,7 +304,7 @@ fn install_checks_the_spec_and_sets_predictor_and_placement() {
     let e = a.install(1, &mut f, Some(0.99)).unwrap_err().to_string();
     assert!(e.contains("outside the artifact's sweep"), "{e}");
     let e = a.install(2, &mut f, None).unwrap_err().to_string();
-    assert!(e.contains("2 is not in the artifact"), "{e}");
+    assert!(e.contains("layer 2 is past the artifact"), "{e}");
     let e = a
         .install(0, &mut ffn(n + 32), None)
         .unwrap_err()
@@ -337,4 +337,27 @@ fn model_fingerprint_is_the_file_hash_or_the_hash_of_sorted_hashes() {
     assert!(e.to_string().contains("missing.gguf"), "{e}");
     assert!(powerinfer::model_sha256(&[]).is_err());
     std::fs::remove_dir_all(d).ok();
+}
+
+/// Accessors past the end are typed errors or `None`, never a panic.
+#[test]
+fn accessors_out_of_range() {
+    let a = sample(2, 32, 64, 4);
+    for l in [2, 99] {
+        assert!(a.predictor(l, None).is_err());
+        assert!(a.placement(l).is_err());
+        assert!(a.spec(l).is_err());
+    }
+    let mut set = powerinfer::ActiveSet::new();
+    set.reset(2, 70);
+    set.insert(1, 69).unwrap();
+    assert_eq!(set.contains(1, 69), Some(true));
+    assert_eq!(set.contains(0, 69), Some(false));
+    assert_eq!((set.contains(2, 0), set.contains(0, 70)), (None, None));
+    assert_eq!((set.row_count(1), set.row_count(2)), (Some(1), None));
+    let mut s = powerinfer::analysis::Samples::new(2, 3, 0.5);
+    s.push(&[1.0, 2.0], &[0.1, 0.9, 0.0]).unwrap();
+    assert_eq!(s.is_active(0, 1), Some(true));
+    assert_eq!(s.is_active(0, 0), Some(false));
+    assert_eq!((s.is_active(1, 0), s.is_active(0, 3)), (None, None));
 }

@@ -302,3 +302,29 @@ fn var_builder_load_matches_dense() {
     let r = powerinfer::dense_reference(&x, &s, wts).unwrap();
     assert!(rel_err(&f.forward(&x).unwrap(), &r) < 1e-5);
 }
+
+/// A panic on a pool worker comes back to the caller with the worker's own message, and the
+/// pool keeps working afterwards.
+#[test]
+fn pool_reraises_the_workers_panic_payload() {
+    let pool = powerinfer::cpu::Pool::new(3);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.run(&|t| {
+            if t == 2 {
+                panic!("worker {t} saw a bad row");
+            }
+        })
+    }));
+    let payload = r.unwrap_err();
+    let msg = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap();
+    assert_eq!(msg, "worker 2 saw a bad row");
+    let hits = std::sync::atomic::AtomicUsize::new(0);
+    pool.run(&|_| {
+        hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert_eq!(hits.into_inner(), 3);
+}

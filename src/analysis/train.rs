@@ -99,8 +99,13 @@ impl Samples {
         (self.hidden, self.intermediate)
     }
 
-    /// Whether `neuron` was active in `row`.
-    pub fn is_active(&self, row: usize, neuron: usize) -> bool {
+    /// Whether `neuron` was active in `row`; `None` when either is out of range.
+    pub fn is_active(&self, row: usize, neuron: usize) -> Option<bool> {
+        (row < self.len() && neuron < self.intermediate).then(|| self.active_at(row, neuron))
+    }
+
+    /// [`Samples::is_active`] for indices the caller keeps in range.
+    fn active_at(&self, row: usize, neuron: usize) -> bool {
         self.active[row * self.words + neuron / 64] >> (neuron % 64) & 1 == 1
     }
 
@@ -128,7 +133,7 @@ impl Samples {
         for r in range {
             let t = self.threshold.max(f32::MIN_POSITIVE);
             w.extend((0..self.intermediate).map(|i| {
-                if self.is_active(r, i) {
+                if self.active_at(r, i) {
                     (self.magnitude(r, i) / t).clamp(1.0, cap)
                 } else {
                     1.0
@@ -359,7 +364,7 @@ pub fn train_low_rank(
     let mut ones = vec![0f64; n];
     for r in 0..train.len() {
         for (i, o) in ones.iter_mut().enumerate() {
-            *o += f64::from(u8::from(train.is_active(r, i)));
+            *o += f64::from(u8::from(train.active_at(r, i)));
         }
     }
     let b0: Vec<f32> = ones
@@ -450,7 +455,7 @@ pub fn train_low_rank(
         let s: Vec<Vec<f32>> = s.to_vec2()?;
         for (r, row) in s.iter().enumerate() {
             for (i, &v) in row.iter().enumerate() {
-                if val.is_active(start + r, i) {
+                if val.active_at(start + r, i) {
                     on.push(v);
                 }
                 all.push(v);

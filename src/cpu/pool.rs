@@ -44,6 +44,8 @@ struct Shared {
     job: UnsafeCell<Option<Job>>,
     pending: AtomicUsize,
     panicked: AtomicBool,
+    /// The first worker panic's payload of the current run, re-raised by the caller.
+    payload: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     shutdown: AtomicBool,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
@@ -83,6 +85,7 @@ impl Pool {
             job: UnsafeCell::new(None),
             pending: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
+            payload: Mutex::new(None),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -159,7 +162,8 @@ impl Pool {
             resume_unwind(p);
         }
         if s.panicked.load(Ordering::Relaxed) {
-            panic!("a powerinfer pool worker panicked");
+            let p = s.payload.lock().unwrap_or_else(|e| e.into_inner()).take();
+            resume_unwind(p.unwrap_or_else(|| Box::new("a powerinfer pool worker panicked")));
         }
     }
 
@@ -293,7 +297,11 @@ fn worker(s: &Shared, idx: usize) {
         if let Some(job) = job {
             // SAFETY: see above: the closure is alive for the whole run.
             let f = unsafe { &*job };
-            if catch_unwind(AssertUnwindSafe(|| f(idx))).is_err() {
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(idx))) {
+                let mut g = s.payload.lock().unwrap_or_else(|e| e.into_inner());
+                if g.is_none() {
+                    *g = Some(p);
+                }
                 s.panicked.store(true, Ordering::Relaxed);
             }
         }

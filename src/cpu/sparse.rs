@@ -112,7 +112,7 @@ impl SparseJob<'_> {
                 let g = g + gate_bias.map_or(0.0, |b| b[i]);
                 return self.keep(act.gated(g, u + up_bias.map_or(0.0, |b| b[i])));
             }
-            if !set.contains(r, i) {
+            if !set.has(r, i) {
                 return 0.0;
             }
             let up =
@@ -186,7 +186,7 @@ impl SparseJob<'_> {
         let set = self.set;
         // `h` of neuron `i` for row `r`, or 0 when the neuron is not in the row's set.
         let contribution = |b: &[E], i: usize, r: usize| -> f32 {
-            if !set.contains(r, i) {
+            if !set.has(r, i) {
                 return 0.0;
             }
             let xr = &self.x[r * h..(r + 1) * h];
@@ -220,7 +220,7 @@ impl SparseJob<'_> {
                 let full = group.len() == GROUP;
                 for r in rb..re {
                     let mut hv = [0f32; GROUP];
-                    if full && group.iter().all(|&i| set.contains(r, i as usize)) {
+                    if full && group.iter().all(|&i| set.has(r, i as usize)) {
                         // All four active: four rows per pass over x.
                         let xr = &self.x[r * h..(r + 1) * h];
                         let u = dot4(bundles.map(|b| &b[up_off..up_off + h]), xr);

@@ -508,11 +508,7 @@ impl Artifact {
 
     /// Layer `l`'s FFN spec as recorded.
     pub fn spec(&self, l: usize) -> Result<FfnSpec> {
-        let m = self
-            .meta
-            .layers
-            .get(l)
-            .ok_or_else(|| Error::config("layer", format!("{l} is not in the artifact")))?;
+        let (m, _) = self.layer(l)?;
         let act = parse_activation(&m.activation).ok_or_else(|| {
             Error::config(
                 "activation",
@@ -524,7 +520,7 @@ impl Artifact {
 
     /// Layer `l`'s predictor at its stored score threshold (or `threshold` when given).
     pub fn predictor(&self, l: usize, threshold: Option<f32>) -> Result<LowRank> {
-        let (m, t) = (&self.meta.layers[l], &self.layers[l]);
+        let (m, t) = self.layer(l)?;
         let dev = candle_core::Device::Cpu;
         let fc1 = candle_core::Tensor::from_slice(&t.fc1, (m.rank, m.hidden), &dev)?;
         let fc2 = candle_core::Tensor::from_slice(&t.fc2, (m.intermediate, m.rank), &dev)?;
@@ -534,11 +530,22 @@ impl Artifact {
 
     /// Layer `l`'s placement.
     pub fn placement(&self, l: usize) -> Result<LayerPlacement> {
-        LayerPlacement::new(
-            self.meta.layers[l].intermediate,
-            self.layers[l].hot.clone(),
-            Some(l),
-        )
+        let (m, t) = self.layer(l)?;
+        LayerPlacement::new(m.intermediate, t.hot.clone(), Some(l))
+    }
+
+    /// Layer `l`'s metadata and tensors, or a typed error past the last layer.
+    fn layer(&self, l: usize) -> Result<(&LayerMeta, &LayerTensors)> {
+        match (self.meta.layers.get(l), self.layers.get(l)) {
+            (Some(m), Some(t)) => Ok((m, t)),
+            _ => Err(Error::config(
+                "artifact layer",
+                format!(
+                    "layer {l} is past the artifact's {} layers",
+                    self.layers.len()
+                ),
+            )),
+        }
     }
 
     /// Installs layer `l`'s predictor and placement in `ffn`, after checking that the layer was
@@ -559,7 +566,7 @@ impl Artifact {
         let threshold = match sparsity {
             None => None,
             Some(s) => Some(
-                Trained::threshold_for_sparsity(&self.layers[l].score_quantiles, s).ok_or_else(
+                Trained::threshold_for_sparsity(&self.layer(l)?.1.score_quantiles, s).ok_or_else(
                     || {
                         Error::config(
                             "sparsity",

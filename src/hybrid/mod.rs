@@ -400,7 +400,7 @@ impl HybridFfn {
             let keep = |r: usize, i: usize, h: f32| match rule {
                 Some(t) if gate_rule => spec.activation.apply(tmp[2 * i * rows + r]) > t,
                 Some(t) => h.abs() > t,
-                None => set.contains(r, i),
+                None => set.has(r, i),
             };
             let h = std::mem::take(&mut a.h);
             a.totals

@@ -186,7 +186,8 @@ impl LowRank {
             for (p, j) in range.enumerate() {
                 let w = &self.fc1[j * h..(j + 1) * h];
                 for r in 0..rows {
-                    part[p * rows + r] = k.dot_f16(w, input.row(r)).max(0.0);
+                    // `r < rows`: always a row.
+                    part[p * rows + r] = input.row(r).map_or(0.0, |x| k.dot_f16(w, x).max(0.0));
                 }
             }
         });

@@ -38,9 +38,9 @@ pub struct PredictInput<'a> {
 }
 
 impl PredictInput<'_> {
-    /// Row `r` of the input.
-    pub fn row(&self, r: usize) -> &[f32] {
-        &self.x[r * self.hidden..(r + 1) * self.hidden]
+    /// Row `r` of the input; `None` past the last row.
+    pub fn row(&self, r: usize) -> Option<&[f32]> {
+        self.x.get(r * self.hidden..(r + 1) * self.hidden)
     }
 
     /// Every neuron's products for these rows (the dense pass, on the layer's kernels and pool).
