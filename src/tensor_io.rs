@@ -2,6 +2,8 @@
 //! where the input already is contiguous f32 (the decode path), and writing results back in the
 //! input's dtype. Shared by `HybridFfn` and `QLinear`.
 
+use std::sync::Mutex;
+
 use candle_core::{DType, Device, Storage, Tensor};
 use half::{bf16, f16};
 
@@ -111,4 +113,29 @@ pub(crate) fn to_tensor(out: Vec<f32>, dims: &[usize], dtype: DType) -> Result<T
         )?,
         _ => Tensor::from_vec(out, dims, &Device::Cpu)?,
     })
+}
+
+/// A layer's call on a tensor: `xs` `[.., input]` (checked by [`check_rows`]) read as f32
+/// through `buf` (the layer's widening buffer; its lock is not held while `f` runs), `f(x, rows,
+/// out)` on the rows, and `out` returned as `[.., output]` in `xs`'s dtype.
+pub(crate) fn forward_tensor(
+    xs: &Tensor,
+    input: usize,
+    output: usize,
+    buf: &Mutex<Vec<f32>>,
+    f: impl FnOnce(&[f32], usize, &mut [f32]) -> Result<()>,
+) -> Result<Tensor> {
+    let rows = check_rows(xs, input, "input")?;
+    let mut dims = xs.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = output;
+    }
+    let mut out = vec![0f32; rows * output];
+    if rows > 0 {
+        let mut b = std::mem::take(&mut *buf.lock().unwrap_or_else(|e| e.into_inner()));
+        let res = with_f32(xs, &mut b, |x| f(x, rows, &mut out));
+        *buf.lock().unwrap_or_else(|e| e.into_inner()) = b;
+        res?;
+    }
+    to_tensor(out, &dims, xs.dtype())
 }

@@ -16,11 +16,10 @@ use crate::analysis::Histogram;
 use crate::cpu::{column_product, ColumnMatrix, Kernels, Pool, SimdLevel, CHUNK, QK};
 use crate::error::{Error, Result};
 use crate::linear::{dims2, quant_kind};
-use crate::tensor_io::{check_f32_rows_io, check_rows, to_tensor, with_f32};
+use crate::tensor_io::{check_f32_rows_io, forward_tensor};
 
 #[derive(Debug, Default)]
 struct Scratch {
-    xbuf: Vec<f32>,
     input: Input,
     y: Vec<f32>,
     traffic: WeightTraffic,
@@ -36,6 +35,8 @@ pub struct InputSparseLinear {
     recording: AtomicBool,
     hist: Mutex<Option<Histogram>>,
     scratch: Mutex<Scratch>,
+    /// f16/bf16 inputs widened to f32 (`forward_tensor`).
+    xbuf: Mutex<Vec<f32>>,
 }
 
 impl std::fmt::Debug for InputSparseLinear {
@@ -113,6 +114,7 @@ impl InputSparseLinear {
             recording: AtomicBool::new(false),
             hist: Mutex::new(None),
             scratch: Mutex::new(Scratch::default()),
+            xbuf: Mutex::new(Vec::new()),
         })
     }
 
@@ -209,20 +211,9 @@ impl InputSparseLinear {
     /// The layer on a tensor `[.., in]` (f32, f16 or bf16, CPU); `[.., out]` in the same dtype.
     pub fn forward_tensor(&self, xs: &Tensor) -> Result<Tensor> {
         let (o, i) = self.dims();
-        let rows = check_rows(xs, i, "input")?;
-        let mut dims = xs.dims().to_vec();
-        if let Some(last) = dims.last_mut() {
-            *last = o;
-        }
-        let mut out = vec![0f32; rows * o];
-        if rows > 0 {
-            let mut buf =
-                std::mem::take(&mut self.scratch.lock().unwrap_or_else(|e| e.into_inner()).xbuf);
-            let res = with_f32(xs, &mut buf, |x| self.forward_f32(x, rows, &mut out));
-            self.scratch.lock().unwrap_or_else(|e| e.into_inner()).xbuf = buf;
-            res?;
-        }
-        to_tensor(out, &dims, xs.dtype())
+        forward_tensor(xs, i, o, &self.xbuf, |x, rows, out| {
+            self.forward_f32(x, rows, out)
+        })
     }
 }
 

@@ -27,7 +27,7 @@ use crate::cpu::{
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights};
-use crate::tensor_io::{check_f32_rows, check_rows, to_tensor, with_f32};
+use crate::tensor_io::{check_f32_rows, forward_tensor};
 
 mod chess;
 mod greedy;
@@ -76,7 +76,6 @@ impl Input {
 
 #[derive(Debug, Default)]
 struct Scratch {
-    xbuf: Vec<f32>,
     gate: Input,
     up: Input,
     down: Input,
@@ -109,6 +108,8 @@ pub struct InputSparseFfn {
     recording: AtomicBool,
     scores: Mutex<Option<InputScores>>,
     scratch: Mutex<Scratch>,
+    /// f16/bf16 inputs widened to f32 (`forward_tensor`).
+    xbuf: Mutex<Vec<f32>>,
 }
 
 impl std::fmt::Debug for InputSparseFfn {
@@ -231,6 +232,7 @@ impl InputSparseFfn {
             recording: AtomicBool::new(false),
             scores: Mutex::new(None),
             scratch: Mutex::new(Scratch::default()),
+            xbuf: Mutex::new(Vec::new()),
         })
     }
 
@@ -375,17 +377,10 @@ impl InputSparseFfn {
 
     /// The FFN on a tensor `[.., hidden]` (f32, f16 or bf16, CPU); same shape and dtype out.
     pub fn forward_tensor(&self, xs: &Tensor) -> Result<Tensor> {
-        let rows = check_rows(xs, self.spec.hidden, "input")?;
-        if rows == 0 {
-            return Ok(xs.clone());
-        }
-        let mut out = vec![0f32; xs.elem_count()];
-        let mut buf =
-            std::mem::take(&mut self.scratch.lock().unwrap_or_else(|e| e.into_inner()).xbuf);
-        let res = with_f32(xs, &mut buf, |x| self.forward_f32(x, rows, &mut out));
-        self.scratch.lock().unwrap_or_else(|e| e.into_inner()).xbuf = buf;
-        res?;
-        to_tensor(out, xs.dims(), xs.dtype())
+        let h = self.spec.hidden;
+        forward_tensor(xs, h, h, &self.xbuf, |x, rows, out| {
+            self.forward_f32(x, rows, out)
+        })
     }
 
     /// Per-entry score factors of `m`'s inputs: `None` for `|x|`.

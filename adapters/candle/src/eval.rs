@@ -148,6 +148,25 @@ impl Llama {
         Ok(out)
     }
 
+    /// `f` on every input-sparse layer with its entry of `per_layer` (one per layer, else a
+    /// typed error naming `what`).
+    fn each_input_layer<T, R>(
+        &mut self,
+        per_layer: &[T],
+        what: &str,
+        f: impl Fn(&mut InputSparseFfn, &T) -> powerinfer::Result<R>,
+    ) -> Result<Vec<R>> {
+        let layers = self.input_sparse()?;
+        if layers.len() != per_layer.len() {
+            return Err(layer_count(what, layers.len(), per_layer.len()));
+        }
+        layers
+            .into_iter()
+            .zip(per_layer)
+            .map(|(l, t)| Ok(f(l, t)?))
+            .collect()
+    }
+
     /// TEAL's greedy split of each layer's sparsity between gate, up and down, up to `target`
     /// in steps of `step` (see [`InputSparseFfn::greedy_allocation`]), measured on the rows
     /// sampled in `scores` (from [`Llama::record_input_scores`] on this model).
@@ -157,56 +176,30 @@ impl Llama {
         target: f64,
         step: f64,
     ) -> Result<Vec<GreedyPath>> {
-        let layers = self.input_sparse()?;
-        if layers.len() != scores.len() {
-            return Err(layer_count(
-                "input score histograms",
-                layers.len(),
-                scores.len(),
-            ));
-        }
-        layers
-            .into_iter()
-            .zip(scores)
-            .map(|(f, s)| Ok(f.greedy_allocation(s, target, step)?))
-            .collect()
+        self.each_input_layer(scores, "input score histograms", |f, s| {
+            f.greedy_allocation(s, target, step)
+        })
     }
 
     /// Each layer's CHESS rule skipping about `fraction` of its neurons, from the up
     /// values and rows recorded in `scores` ([`Llama::record_input_scores`] on this model).
     pub fn chess_rules(&mut self, scores: &[InputScores], fraction: f64) -> Result<Vec<ChessRule>> {
-        let layers = self.input_sparse()?;
-        if layers.len() != scores.len() {
-            return Err(layer_count(
-                "input score histograms",
-                layers.len(),
-                scores.len(),
-            ));
-        }
-        layers
-            .into_iter()
-            .zip(scores)
-            .map(|(f, s)| Ok(f.chess_rule(s, fraction)?))
-            .collect()
+        self.each_input_layer(scores, "input score histograms", |f, s| {
+            f.chess_rule(s, fraction)
+        })
     }
 
     /// Sets every layer's CHESS rule (`None`: every neuron computed); needs a model loaded
     /// with `FfnMode::InputSparse { up_rows: true, .. }`.
     pub fn set_chess_rules(&mut self, rules: Option<&[ChessRule]>) -> Result<()> {
-        let layers = self.input_sparse()?;
         match rules {
             None => {
-                for f in layers {
+                for f in self.input_sparse()? {
                     f.set_chess_rule(None)?;
                 }
             }
             Some(r) => {
-                if layers.len() != r.len() {
-                    return Err(layer_count("CHESS rules", layers.len(), r.len()));
-                }
-                for (f, r) in layers.into_iter().zip(r) {
-                    f.set_chess_rule(Some(r.clone()))?;
-                }
+                self.each_input_layer(r, "CHESS rules", |f, r| f.set_chess_rule(Some(r.clone())))?;
             }
         }
         Ok(())
@@ -218,17 +211,7 @@ impl Llama {
         score: InputScore,
         thresholds: &[InputThresholds],
     ) -> Result<()> {
-        let layers = self.input_sparse()?;
-        if layers.len() != thresholds.len() {
-            return Err(layer_count(
-                "input thresholds",
-                layers.len(),
-                thresholds.len(),
-            ));
-        }
-        for (f, t) in layers.into_iter().zip(thresholds) {
-            f.set_rule(score, *t)?;
-        }
+        self.each_input_layer(thresholds, "input thresholds", |f, t| f.set_rule(score, *t))?;
         Ok(())
     }
 
