@@ -12,7 +12,6 @@ mod common;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 use common::*;
-use powerinfer::cpu::QuantizedRow;
 use powerinfer::{
     Activation, ChessRule, FfnSpec, InputScore, InputSparseFfn, InputThresholds, QLinear, SimdLevel,
 };
@@ -20,18 +19,6 @@ use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const KINDS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
-
-fn quantized(x: &[f32]) -> QuantizedRow {
-    let mut q = QuantizedRow::default();
-    q.quantize(x);
-    q
-}
-
-fn mask(x: &[f32], t: f32) -> Vec<f32> {
-    x.iter()
-        .map(|&v| if v.abs() > t { v } else { 0.0 })
-        .collect()
-}
 
 #[allow(clippy::too_many_arguments)]
 fn check(
@@ -67,7 +54,7 @@ fn check(
     let (mut g, mut u, mut y) = (vec![0f32; n], vec![0f32; n], vec![0f32; h]);
     let mut want = Vec::new();
     for xr in x.chunks(h) {
-        gl.forward_quantized(&[quantized(&mask(xr, tg))], &mut g, &mut Vec::new())
+        gl.forward_quantized(&[quantized(&mask(xr, None, tg))], &mut g, &mut Vec::new())
             .unwrap();
         ul.forward_quantized(&[quantized(xr)], &mut u, &mut Vec::new())
             .unwrap();
@@ -81,7 +68,7 @@ fn check(
                 }
             })
             .collect();
-        dl.forward_quantized(&[quantized(&mask(&hv, td))], &mut y, &mut Vec::new())
+        dl.forward_quantized(&[quantized(&mask(&hv, None, td))], &mut y, &mut Vec::new())
             .unwrap();
         want.extend_from_slice(&y);
     }

@@ -15,13 +15,6 @@ use rand::{rngs::StdRng, SeedableRng};
 
 const KINDS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
 
-/// `x` with `|x_i| <= t` set to zero.
-fn mask(x: &[f32], t: f32) -> Vec<f32> {
-    x.iter()
-        .map(|&v| if v.abs() > t { v } else { 0.0 })
-        .collect()
-}
-
 /// `outs` stacked output widths, `in_blocks * 32` inputs, `rows` rows at threshold `t`.
 #[allow(clippy::too_many_arguments)]
 fn check(
@@ -52,7 +45,7 @@ fn check(
         .chunks(cols)
         .map(|r| {
             let mut q = QuantizedRow::default();
-            q.quantize(&mask(r, t));
+            q.quantize(&mask(r, None, t));
             q
         })
         .collect();

@@ -8,7 +8,6 @@ mod common;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::*;
-use powerinfer::cpu::QuantizedRow;
 use powerinfer::{
     dense_reference, Activation, ColumnStorage, FfnSpec, FfnWeights, InputScore, InputSparseFfn,
     InputThresholds, QLinear, SimdLevel,
@@ -17,26 +16,6 @@ use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
 const KINDS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
-
-fn mask(x: &[f32], w: Option<&[f32]>, t: f32) -> Vec<f32> {
-    x.iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            let s = v.abs() * w.map_or(1.0, |w| w[i]);
-            if s > t {
-                v
-            } else {
-                0.0
-            }
-        })
-        .collect()
-}
-
-fn quantized(x: &[f32]) -> QuantizedRow {
-    let mut q = QuantizedRow::default();
-    q.quantize(x);
-    q
-}
 
 /// Column norms of a `[rows, cols]` f32 matrix.
 fn norms(t: &Tensor) -> Vec<f32> {

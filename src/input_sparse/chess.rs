@@ -11,7 +11,7 @@
 
 use candle_core::quantized::QTensor;
 
-use super::{quant_kind, InputScores, InputSparseFfn, InputThresholds, Scratch};
+use super::{InputScores, InputSparseFfn, InputThresholds, Scratch};
 use crate::analysis::Histogram;
 use crate::cpu::{ColumnMatrix, QuantKind, SimdLevel, CHUNK, QK};
 use crate::error::{Error, Result};
@@ -75,22 +75,7 @@ impl InputSparseFfn {
         tier: Option<SimdLevel>,
     ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
-        if up.shape().dims() != [n, h] {
-            return Err(Error::shape(
-                "up_proj.weight",
-                &[Some(n), Some(h)],
-                up.shape().dims(),
-            ));
-        }
-        let kind = quant_kind(up.dtype()).ok_or_else(|| {
-            Error::config(
-                "storage",
-                format!(
-                    "up_proj.weight is {:?}; up rows keep Q4_0, Q4_1 and Q8_0 blocks",
-                    up.dtype()
-                ),
-            )
-        })?;
+        let (kind, data) = super::blocks(up, "up_proj.weight", n, h)?;
         if h % QK != 0 {
             return Err(Error::shape(
                 "up_proj.weight columns (a multiple of 32)",
@@ -98,7 +83,7 @@ impl InputSparseFfn {
                 &[h],
             ));
         }
-        let data = up.data()?.into_owned();
+        let data = data.into_owned();
         let row_bytes = kind.row_bytes(h);
         if data.len() != n * row_bytes {
             return Err(Error::shape(

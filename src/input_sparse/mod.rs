@@ -135,8 +135,14 @@ fn quant_kind(t: GgmlDType) -> Option<QuantKind> {
     }
 }
 
-/// A GGUF tensor `[rows, cols]` as a column matrix of its own blocks.
-fn qcolumns(t: &QTensor, name: &str, rows: usize, cols: usize) -> Result<ColumnMatrix> {
+/// A GGUF tensor `[rows, cols]`'s block type and bytes, checked: the shape, and Q4_0, Q4_1 or
+/// Q8_0 blocks (the ones the column and row kernels keep).
+fn blocks<'a>(
+    t: &'a QTensor,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<(QuantKind, std::borrow::Cow<'a, [u8]>)> {
     if t.shape().dims() != [rows, cols] {
         return Err(Error::shape(
             name,
@@ -148,12 +154,18 @@ fn qcolumns(t: &QTensor, name: &str, rows: usize, cols: usize) -> Result<ColumnM
         Error::config(
             "storage",
             format!(
-                "tensor `{name}` is {:?}; column matrices keep Q4_0, Q4_1 and Q8_0 blocks",
+                "tensor `{name}` is {:?}; input-sparse layers keep Q4_0, Q4_1 and Q8_0 blocks",
                 t.dtype()
             ),
         )
     })?;
-    ColumnMatrix::from_blocks(kind, rows, cols, &t.data()?)
+    Ok((kind, t.data()?))
+}
+
+/// A GGUF tensor `[rows, cols]` as a column matrix of its own blocks.
+fn qcolumns(t: &QTensor, name: &str, rows: usize, cols: usize) -> Result<ColumnMatrix> {
+    let (kind, data) = blocks(t, name, rows, cols)?;
+    ColumnMatrix::from_blocks(kind, rows, cols, &data)
         .map_err(|e| Error::config(name, e.to_string()))
 }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use candle_core::{DType, Device, Tensor};
+use powerinfer::cpu::QuantizedRow;
 use powerinfer::{dense_reference, Activation, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -186,4 +187,26 @@ pub fn naive_row(
         };
     }
     acc
+}
+
+/// `x` with the entries whose score `|x_i|` (times `w[i]` when given) is at most `t` set to 0.
+pub fn mask(x: &[f32], w: Option<&[f32]>, t: f32) -> Vec<f32> {
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let s = v.abs() * w.map_or(1.0, |w| w[i]);
+            if s > t {
+                v
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+/// `x` quantized as the kernels quantize an input row.
+pub fn quantized(x: &[f32]) -> QuantizedRow {
+    let mut q = QuantizedRow::default();
+    q.quantize(x);
+    q
 }
