@@ -118,7 +118,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Several layers' weights, used in turn, so that every product reads DRAM (one 7B layer's
     // 76 MB would sit in a large L3 and flatter both sides).
     let layers_total = layers_n;
-    let spec = FfnSpec::new(hidden, inter, Activation::Silu, true)?;
+    let spec = FfnSpec::gated(hidden, inter, Activation::Silu)?;
     struct Layer {
         gu_lin: QLinear,
         down_lin: QLinear,

@@ -113,7 +113,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let up = (Tensor::randn(0f32, 1.0, (inter, hidden), &dev)? * s as f64)?;
     let down = (Tensor::randn(0f32, 1.0, (hidden, inter), &dev)? * (1.0 / (inter as f64).sqrt()))?;
     let x = Tensor::randn(0f32, 1.0, (1, hidden), &dev)?;
-    let spec = FfnSpec::new(hidden, inter, Activation::Relu, true)?;
+    let spec = FfnSpec::gated(hidden, inter, Activation::Relu)?;
     let w = FfnWeights::gated(&gate, &up, &down);
 
     let mut rng = StdRng::seed_from_u64(42);

@@ -6,9 +6,7 @@
 //! ```
 //! With powerinfer the field becomes a `HybridFfn` and that line becomes
 //! ```text
-//! mlp: HybridFfn::load(FfnSpec::new(cfg.hidden_size, cfg.intermediate_size,
-//!                                   cfg.hidden_act.try_into()?, true)?,
-//!                      vb.pp("mlp"), HybridOptions::default())?,
+//! mlp: HybridFfn::load(cfg.hidden_act.try_into()?, vb.pp("mlp"), HybridOptions::default())?,
 //! ```
 //! Both implement `candle_core::Module`, so `xs.apply(&self.mlp)` in the decoder layer is unchanged.
 //!
@@ -22,7 +20,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{linear_no_bias, Activation, Linear, VarBuilder};
 use candle_transformers::models::qwen2::Config;
-use powerinfer::{FfnSpec, GateFirst, HybridFfn, HybridOptions, LayerPlacement};
+use powerinfer::{GateFirst, HybridFfn, HybridOptions, LayerPlacement};
 
 /// The dense MLP exactly as candle-transformers' qwen2 builds it.
 struct DenseMlp {
@@ -87,8 +85,11 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
 
     let dense = DenseMlp::new(&cfg, layer.pp("mlp"))?;
     // The one-line swap:
-    let spec = FfnSpec::new(h, i, cfg.hidden_act.try_into()?, true)?;
-    let hybrid = HybridFfn::load(spec, layer.pp("mlp"), HybridOptions::default())?;
+    let hybrid = HybridFfn::load(
+        cfg.hidden_act.try_into()?,
+        layer.pp("mlp"),
+        HybridOptions::default(),
+    )?;
 
     let xs = Tensor::randn(0f32, 1.0, (1, 5, h), &dev)?.to_dtype(DType::F16)?;
     let yd = xs.apply(&dense)?.to_dtype(DType::F32)?;

@@ -5,6 +5,29 @@
 
 use crate::error::{Error, Result};
 
+impl std::fmt::Display for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Activation {
+    type Err = Error;
+
+    /// Reads an [`Activation::name`] or a Hugging Face `hidden_act` alias (`swish`,
+    /// `gelu_pytorch_tanh`, `gelu_new`); anything else is a [`crate::ErrorKind::Config`] error.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "swish" => Ok(Activation::Silu),
+            "gelu_pytorch_tanh" | "gelu_new" => Ok(Activation::GeluTanh),
+            _ => Self::ALL
+                .into_iter()
+                .find(|a| a.name() == s)
+                .ok_or_else(|| Error::config("activation", format!("unknown activation `{s}`"))),
+        }
+    }
+}
+
 /// The activation of an FFN block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -22,6 +45,29 @@ pub enum Activation {
 }
 
 impl Activation {
+    /// Every activation, in the order of [`Activation::name`]'s table.
+    pub const ALL: [Activation; 5] = [
+        Activation::Relu,
+        Activation::DRelu,
+        Activation::Silu,
+        Activation::Gelu,
+        Activation::GeluTanh,
+    ];
+
+    /// The name an artifact stores and [`Display`] prints: `relu`, `drelu`, `silu`, `gelu`,
+    /// `gelu_tanh`.
+    ///
+    /// [`Display`]: std::fmt::Display
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Relu => "relu",
+            Activation::DRelu => "drelu",
+            Activation::Silu => "silu",
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu_tanh",
+        }
+    }
+
     /// True when inactive neurons give exact zeros, so `GateFirst` at threshold 0 is exact.
     pub fn exact_zeros(self) -> bool {
         matches!(self, Activation::Relu | Activation::DRelu)

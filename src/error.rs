@@ -71,8 +71,8 @@ pub enum ErrorKind {
         /// Why it is unusable.
         reason: String,
     },
-    /// Per-layer inputs disagree on the number of layers or neurons.
-    LayerCount {
+    /// Two counts or lengths that must agree do not (layers, neurons, rows, values).
+    Count {
         /// What was being compared.
         what: String,
         /// Expected count.
@@ -150,6 +150,16 @@ pub enum ErrorKind {
         /// True when `gpu_idx` flags it and `gpu_bucket` lacks it; false for the reverse.
         flagged_not_listed: bool,
     },
+    /// Reading or writing a file failed in the operating system (not found, permission,
+    /// disk full, ...).
+    Io {
+        /// The file.
+        file: String,
+        /// What was being done (e.g. `"open"`, `"reading the header"`, `"writing"`).
+        op: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// An error from candle while reading or building tensors.
     Candle(candle_core::Error),
 }
@@ -174,6 +184,26 @@ impl Error {
         ErrorKind::Config {
             setting: setting.to_string(),
             reason: reason.into(),
+        }
+        .into()
+    }
+
+    /// A [`ErrorKind::Count`] error: `what` has `got` entries where `expected` are needed.
+    pub fn count(what: &str, expected: usize, got: usize) -> Self {
+        ErrorKind::Count {
+            what: what.to_string(),
+            expected,
+            got,
+        }
+        .into()
+    }
+
+    /// An [`ErrorKind::Io`] error: `op` on `file` failed with `source`.
+    pub fn io(file: impl AsRef<std::path::Path>, op: &str, source: std::io::Error) -> Self {
+        ErrorKind::Io {
+            file: file.as_ref().display().to_string(),
+            op: op.to_string(),
+            source,
         }
         .into()
     }
@@ -254,7 +284,7 @@ impl fmt::Display for Error {
             ErrorKind::Budget { budget, reason } => {
                 write!(f, "byte budget {budget} is unusable: {reason}")
             }
-            ErrorKind::LayerCount {
+            ErrorKind::Count {
                 what,
                 expected,
                 got,
@@ -311,6 +341,7 @@ impl fmt::Display for Error {
                     )
                 }
             }
+            ErrorKind::Io { file, op, source } => write!(f, "{file}: {op}: {source}"),
             ErrorKind::Candle(e) => write!(f, "candle: {e}"),
         }
     }
@@ -320,6 +351,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             ErrorKind::Candle(e) => Some(e),
+            ErrorKind::Io { source, .. } => Some(source),
             _ => None,
         }
     }

@@ -19,7 +19,7 @@
 //! let gate = Tensor::randn(0f32, 0.1, (inter, hidden), &dev)?;
 //! let up = Tensor::randn(0f32, 0.1, (inter, hidden), &dev)?;
 //! let down = Tensor::randn(0f32, 0.1, (hidden, inter), &dev)?;
-//! let spec = FfnSpec::new(hidden, inter, Activation::Relu, true)?;
+//! let spec = FfnSpec::gated(hidden, inter, Activation::Relu)?;
 //! let ffn = HybridFfn::from_weights(spec, FfnWeights::gated(&gate, &up, &down), WeightDType::F16,
 //!     HybridOptions::default())?
 //!     .with_predictor(GateFirst::new(0.0)?);
@@ -50,15 +50,15 @@ pub use cpu::{ColumnStorage, SimdLevel, SIMD_LEVEL_ENV};
 pub use error::{Error, ErrorKind, Result};
 pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 pub use format::{
-    activation_name, model_sha256, Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary,
-    InputRuleMeta, LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
+    model_sha256, Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary, InputRuleMeta,
+    LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
 };
 pub use hybrid::{
-    plan_placement, HybridFfn, HybridOptions, LayerPlacement, Placement, PrefillPolicy,
+    plan_placement, HybridFfn, HybridOptions, LayerPlacement, Neurons, Placement, PrefillPolicy,
 };
 pub use input_sparse::{
-    ChessRule, GreedyPath, GreedyStep, InputScore, InputScores, InputSparseFfn, InputSparseLinear,
-    InputThresholds, WeightTraffic, MAX_SAMPLES, SAMPLE_EVERY,
+    split_target, ChessRule, GreedyPath, GreedyStep, InputScore, InputScores, InputSparseFfn,
+    InputSparseLinear, InputThresholds, WeightTraffic, MAX_SAMPLES, SAMPLE_EVERY,
 };
 pub use linear::QLinear;
 pub use predict::{

@@ -44,7 +44,7 @@ static A: Counting = Counting;
 #[test]
 fn no_allocation_per_token_and_weights_held_once() {
     let (hidden, inter) = (512, 1536);
-    let spec = FfnSpec::new(hidden, inter, Activation::Relu, true).unwrap();
+    let spec = FfnSpec::gated(hidden, inter, Activation::Relu).unwrap();
     let live0 = LIVE.load(Ordering::SeqCst);
     let ffn = {
         let w = Weights::random(&spec, 9);

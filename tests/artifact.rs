@@ -281,7 +281,7 @@ fn install_checks_the_spec_and_sets_predictor_and_placement() {
     let ffn = |n: usize| {
         let w = |r: usize, c: usize| Tensor::randn(0f32, 0.1, (r, c), &Device::Cpu).unwrap();
         let (g, u, d) = (w(n, hidden), w(n, hidden), w(hidden, n));
-        let spec = FfnSpec::new(hidden, n, Activation::Silu, true).unwrap();
+        let spec = FfnSpec::gated(hidden, n, Activation::Silu).unwrap();
         let opts = HybridOptions {
             threads: 1,
             ..Default::default()

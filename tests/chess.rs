@@ -33,7 +33,7 @@ fn check(
     seed: u64,
 ) {
     let (h, n) = (32 * hb, 32 * ib);
-    let spec = FfnSpec::new(h, n, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(h, n, Activation::Silu).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let dt = KINDS[kind];
     let w = Weights::random(&spec, seed);
@@ -128,7 +128,7 @@ fn edge_shapes() {
 
 #[test]
 fn calibration_skips_the_asked_fraction_of_up_rows() {
-    let spec = FfnSpec::new(128, 256, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(128, 256, Activation::Silu).unwrap();
     let w = Weights::random(&spec, 11);
     let q = |t: &Tensor| QTensor::quantize(t, GgmlDType::Q4_0).unwrap();
     let (qg, qu, qd) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));
@@ -164,7 +164,7 @@ fn calibration_skips_the_asked_fraction_of_up_rows() {
 
 #[test]
 fn bad_input_is_a_typed_error() {
-    let spec = FfnSpec::new(32, 64, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(32, 64, Activation::Silu).unwrap();
     let w = Weights::random(&spec, 1);
     let q = |t: &Tensor| QTensor::quantize(t, GgmlDType::Q8_0).unwrap();
     let (g, u, d) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));

@@ -12,7 +12,7 @@ use powerinfer::{
 use std::collections::HashMap;
 
 fn spec() -> FfnSpec {
-    FfnSpec::new(16, 24, Activation::Silu, true).unwrap()
+    FfnSpec::gated(16, 24, Activation::Silu).unwrap()
 }
 
 fn ffn() -> HybridFfn {
@@ -106,7 +106,7 @@ fn out_of_range_and_duplicate_neurons() {
         .unwrap_err();
     assert!(matches!(
         e.kind(),
-        ErrorKind::LayerCount {
+        ErrorKind::Count {
             expected: 24,
             got: 23,
             ..
@@ -142,12 +142,12 @@ fn out_of_range_and_duplicate_neurons() {
 #[test]
 fn empty_tensors_and_specs() {
     assert!(
-        matches!(FfnSpec::new(0, 4, Activation::Relu, true).unwrap_err().kind(), ErrorKind::Config { setting, .. } if setting == "hidden")
+        matches!(FfnSpec::gated(0, 4, Activation::Relu).unwrap_err().kind(), ErrorKind::Config { setting, .. } if setting == "hidden")
     );
     assert!(
-        matches!(FfnSpec::new(4, 0, Activation::Relu, true).unwrap_err().kind(), ErrorKind::Config { setting, .. } if setting == "intermediate")
+        matches!(FfnSpec::gated(4, 0, Activation::Relu).unwrap_err().kind(), ErrorKind::Config { setting, .. } if setting == "intermediate")
     );
-    assert!(FfnSpec::new(4, 4, Activation::DRelu, false).is_err());
+    assert!(FfnSpec::ungated(4, 4, Activation::DRelu).is_err());
     let s = spec();
     let empty = Tensor::zeros((0, 16), DType::F32, &Device::Cpu).unwrap();
     let w = Weights::random(&s, 1);
@@ -211,7 +211,7 @@ fn bad_budgets_and_frequencies() {
     ));
     assert!(matches!(
         plan_placement(&f, &[10], 100).unwrap_err().kind(),
-        ErrorKind::LayerCount { .. }
+        ErrorKind::Count { .. }
     ));
     let nan = vec![vec![0.5, f64::NAN]];
     assert!(matches!(
@@ -265,7 +265,12 @@ fn var_builder_missing_tensor_is_named() {
         w.down.clone(),
     );
     let vb = VarBuilder::from_tensors(m, DType::F32, &Device::Cpu);
-    let e = HybridFfn::load(s, vb.pp("model.layers.3.mlp"), HybridOptions::default()).unwrap_err();
+    let e = HybridFfn::load(
+        s.activation,
+        vb.pp("model.layers.3.mlp"),
+        HybridOptions::default(),
+    )
+    .unwrap_err();
     assert!(
         matches!(e.kind(), ErrorKind::MissingTensor { name } if name == "model.layers.3.mlp.up_proj.weight"),
         "{e}"
@@ -274,7 +279,7 @@ fn var_builder_missing_tensor_is_named() {
 
 #[test]
 fn var_builder_load_matches_dense() {
-    let s = FfnSpec::new(16, 24, Activation::Gelu, false).unwrap();
+    let s = FfnSpec::ungated(16, 24, Activation::Gelu).unwrap();
     let w = Weights::random(&s, 4);
     let mut m = HashMap::new();
     m.insert("fc1.weight".to_string(), w.up.clone());
@@ -288,8 +293,9 @@ fn var_builder_load_matches_dense() {
         Tensor::ones(16, DType::F32, &Device::Cpu).unwrap(),
     );
     let vb = VarBuilder::from_tensors(m, DType::BF16, &Device::Cpu);
-    let f = HybridFfn::load(s, vb, HybridOptions::default()).unwrap();
+    let f = HybridFfn::load(s.activation, vb, HybridOptions::default()).unwrap();
     assert_eq!(f.bundles().dtype(), WeightDType::BF16);
+    assert_eq!(*f.spec(), s, "sizes and gating read from the weights");
     let x = Tensor::ones((2, 16), DType::F32, &Device::Cpu).unwrap();
     let (_, up, down) = f.bundles().to_dense_f32().unwrap();
     let b1 = Tensor::ones(24, DType::F32, &Device::Cpu).unwrap();
@@ -301,6 +307,29 @@ fn var_builder_load_matches_dense() {
     };
     let r = powerinfer::dense_reference(&x, &s, wts).unwrap();
     assert!(rel_err(&f.forward(&x).unwrap(), &r) < 1e-5);
+}
+
+/// `HybridFfn::load` reads the sizes from `up`; a `down` that disagrees is a shape error naming
+/// it, and a gated MLP is recognised by its `gate_proj`.
+#[test]
+fn var_builder_load_infers_and_checks_sizes() {
+    let s = spec();
+    let w = Weights::random(&s, 2);
+    let put = |down: Tensor| {
+        let mut m = HashMap::new();
+        m.insert("gate_proj.weight".to_string(), w.gate.clone().unwrap());
+        m.insert("up_proj.weight".to_string(), w.up.clone());
+        m.insert("down_proj.weight".to_string(), down);
+        VarBuilder::from_tensors(m, DType::F32, &Device::Cpu)
+    };
+    let f = HybridFfn::load(s.activation, put(w.down.clone()), HybridOptions::default()).unwrap();
+    assert_eq!(*f.spec(), s);
+    let wrong = w.down.narrow(1, 0, s.intermediate - 1).unwrap();
+    let e = HybridFfn::load(s.activation, put(wrong), HybridOptions::default()).unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::Shape { tensor, .. } if tensor.contains("down")),
+        "{e}"
+    );
 }
 
 /// A panic on a pool worker comes back to the caller with the worker's own message, and the

@@ -264,7 +264,7 @@ fn edge_shapes() {
 /// Zero rows in, zero rows out (like candle's Linear).
 #[test]
 fn zero_rows() {
-    let spec = FfnSpec::new(8, 4, Activation::Relu, true).unwrap();
+    let spec = FfnSpec::gated(8, 4, Activation::Relu).unwrap();
     let w = Weights::random(&spec, 1);
     let ffn = HybridFfn::from_weights(spec, w.view(), WeightDType::F32, HybridOptions::default())
         .unwrap();
@@ -276,7 +276,7 @@ fn zero_rows() {
 #[test]
 fn low_rank_missed_neuron_equals_dense_without_it() {
     let (hidden, inter, rank) = (24, 40, 4);
-    let spec = FfnSpec::new(hidden, inter, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(hidden, inter, Activation::Silu).unwrap();
     let w = Weights::random(&spec, 7);
     let dev = Device::Cpu;
     let mut rng = StdRng::seed_from_u64(3);
@@ -312,7 +312,7 @@ fn low_rank_missed_neuron_equals_dense_without_it() {
 /// Same input, same bits, across repeated calls and thread counts' own runs.
 #[test]
 fn deterministic_across_runs() {
-    let spec = FfnSpec::new(96, 300, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(96, 300, Activation::Silu).unwrap();
     let w = Weights::random(&spec, 11);
     let mut rng = StdRng::seed_from_u64(5);
     let x = tensor(&mut rng, &[4, 96], 1.0);
@@ -419,7 +419,7 @@ proptest! {
         hidden in 1usize..48, inter in 1usize..140, rank in 1usize..12, rows in 1usize..6,
         threads in 1usize..4, seed in 0u64..1000, t in -0.5f32..0.5,
     ) {
-        let spec = FfnSpec::new(hidden, inter, Activation::Silu, true).unwrap();
+        let spec = FfnSpec::gated(hidden, inter, Activation::Silu).unwrap();
         let w = Weights::random(&spec, seed);
         let mut rng = StdRng::seed_from_u64(seed + 1);
         let (fc1, fc2) = (values(&mut rng, rank * hidden, 1.0), values(&mut rng, inter * rank, 1.0));

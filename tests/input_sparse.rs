@@ -35,7 +35,7 @@ fn check_quant(
     seed: u64,
 ) {
     let (h, n) = (32 * hidden_blocks, 32 * inter_blocks);
-    let spec = FfnSpec::new(h, n, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(h, n, Activation::Silu).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let dt = KINDS[kind];
     let w = Weights::random(&spec, seed);
@@ -108,7 +108,7 @@ proptest! {
         h in 1usize..70, n in 1usize..90, storage in 0usize..3, rows in 1usize..4,
         t in 0.0f32..0.6, threads in 1usize..3, seed in any::<u64>(),
     ) {
-        let spec = FfnSpec::new(h, n, Activation::Silu, true).unwrap();
+        let spec = FfnSpec::gated(h, n, Activation::Silu).unwrap();
         let w = Weights::random(&spec, seed);
         let st = [ColumnStorage::F32, ColumnStorage::F16, ColumnStorage::BF16][storage];
         let mut f = InputSparseFfn::from_weights(spec, w.view(), st, threads, None).unwrap();
@@ -149,7 +149,7 @@ fn edge_shapes() {
 
 #[test]
 fn calibration_thresholds_drop_the_asked_fraction_and_bytes_follow() {
-    let spec = FfnSpec::new(128, 256, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(128, 256, Activation::Silu).unwrap();
     let w = Weights::random(&spec, 5);
     let q = |t: &Tensor| QTensor::quantize(t, GgmlDType::Q4_1).unwrap();
     let mut f = InputSparseFfn::from_qtensors(
@@ -190,7 +190,7 @@ fn calibration_thresholds_drop_the_asked_fraction_and_bytes_follow() {
 
 #[test]
 fn bad_input_is_a_typed_error() {
-    let spec = FfnSpec::new(32, 64, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(32, 64, Activation::Silu).unwrap();
     let w = Weights::random(&spec, 1);
     let q = |t: &Tensor| QTensor::quantize(t, GgmlDType::Q8_0).unwrap();
     let (g, u, d) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));

@@ -272,7 +272,7 @@ fn pre_norm_predictor_applies_powerinfers_rule_exactly() {
     let d = dir("prenorm");
     let p = preds(2);
     let mut rng = StdRng::seed_from_u64(3);
-    let spec = FfnSpec::new(HIDDEN, INTER, Activation::Relu, true).unwrap();
+    let spec = FfnSpec::gated(HIDDEN, INTER, Activation::Relu).unwrap();
     let gate = tensor(&mut rng, &[INTER, HIDDEN], 0.2);
     let up = tensor(&mut rng, &[INTER, HIDDEN], 0.2);
     let rows = 5;
@@ -451,7 +451,7 @@ fn bad_gpuidx_files_are_typed_errors() {
     assert!(
         matches!(
             e.kind(),
-            ErrorKind::LayerCount {
+            ErrorKind::Count {
                 expected: 4,
                 got: 2,
                 ..
@@ -463,7 +463,7 @@ fn bad_gpuidx_files_are_typed_errors() {
     assert!(
         matches!(
             e.kind(),
-            ErrorKind::LayerCount {
+            ErrorKind::Count {
                 expected: 2,
                 got: 3,
                 ..

@@ -44,7 +44,7 @@ fn planner_fills_with_smaller_neurons() {
 
 #[test]
 fn stats_count_active_neurons() {
-    let spec = FfnSpec::new(8, 6, Activation::Relu, true).unwrap();
+    let spec = FfnSpec::gated(8, 6, Activation::Relu).unwrap();
     // gate rows: neuron i has gate row = e_0 * (i as f32 - 2.5): active (gate > 0) for i >= 3 when
     // x_0 > 0, for i <= 2 when x_0 < 0.
     let mut g = vec![0f32; 6 * 8];
@@ -78,7 +78,7 @@ fn stats_count_active_neurons() {
 /// Thresholds read from the |h| histogram drop the requested share of (row, neuron) pairs.
 #[test]
 fn threshold_for_sparsity_hits_the_target() {
-    let spec = FfnSpec::new(64, 512, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(64, 512, Activation::Silu).unwrap();
     let w = Weights::random(&spec, 21);
     let ffn = HybridFfn::from_weights(spec, w.view(), WeightDType::F32, HybridOptions::default())
         .unwrap();
@@ -107,7 +107,7 @@ fn threshold_for_sparsity_hits_the_target() {
 
 #[test]
 fn force_dense_and_dense_prefill_bypass_the_predictor() {
-    let spec = FfnSpec::new(16, 32, Activation::Silu, true).unwrap();
+    let spec = FfnSpec::gated(16, 32, Activation::Silu).unwrap();
     let w = Weights::random(&spec, 2);
     let opts = HybridOptions {
         prefill: powerinfer::PrefillPolicy::DenseFrom(4),

@@ -78,7 +78,7 @@ fn hybrid(l: &Layer) -> HybridFfn {
         t(&l.up, N, HIDDEN),
         t(&l.down, HIDDEN, N),
     );
-    let spec = FfnSpec::new(HIDDEN, N, Activation::Relu, true).unwrap();
+    let spec = FfnSpec::gated(HIDDEN, N, Activation::Relu).unwrap();
     HybridFfn::from_weights(
         spec,
         FfnWeights::gated(&g, &u, &d),

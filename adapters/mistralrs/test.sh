@@ -13,19 +13,20 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-main_target="${CARGO_TARGET_DIR:-$HOME/.cache/powerinfer-rs/target}"
-export CARGO_TARGET_DIR="${POWERINFER_MISTRALRS_TARGET:-$HOME/.cache/powerinfer-rs/target-mistralrs}"
+# One target dir for everything: the workspace's (where the README's `cargo test` just built the
+# CLI), shared by the mistral.rs builds, so no crate is compiled twice.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
 step "model and a small artifact (powerinfer analyze)"
-CARGO_TARGET_DIR="$main_target" cargo build --release -q -p powerinfer-cli --manifest-path "$root/Cargo.toml"
-"$main_target/release/powerinfer" analyze --tokens 8192 --threshold-tokens 2048 --train-rows 2048 \
+cargo build --release -q -p powerinfer-cli --manifest-path "$root/Cargo.toml"
+"$CARGO_TARGET_DIR/release/powerinfer" analyze --tokens 8192 --threshold-tokens 2048 --train-rows 2048 \
     --val-rows 512 --epochs 2 --rank 32 --ctx 256 --budget 16M --out "$work/smollm2.powerinfer" \
     2>"$work/analyze.log" | grep -v '^{' | tail -n 3
-model="${POWERINFER_CACHE:-$HOME/.cache/powerinfer}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-CARGO_TARGET_DIR="$main_target" cargo run --release -q -p powerinfer-candle --example gguf_to_hf \
+model="${POWERINFER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/powerinfer}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+cargo run --release -q -p powerinfer-candle --example gguf_to_hf \
     --manifest-path "$root/Cargo.toml" -- "$model" "$work/smollm2-hf"
 
 step "patch mistralrs-core"

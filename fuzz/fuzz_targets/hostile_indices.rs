@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = plan_placement(&[freqs], &[head[3] as u64], head[3] as u64 * 3);
 
     let (g, u, d) = weights();
-    let spec = FfnSpec::new(H, N, act, true).unwrap();
+    let spec = FfnSpec::gated(H, N, act).unwrap();
     let opts = HybridOptions { threads: 1 + head[3] as usize % 3, ..Default::default() };
     let Ok(ffn) = HybridFfn::from_weights(spec, FfnWeights::gated(g, u, d), dtype, opts) else { return };
     let ffn = match LayerPlacement::new(N, ids.clone(), None) {

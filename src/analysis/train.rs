@@ -276,6 +276,12 @@ pub struct Trained {
 }
 
 impl Trained {
+    /// Bytes the predictor takes in memory and in a placement budget (what
+    /// [`crate::Predictor::weight_bytes`] of [`Trained::predictor`] reports).
+    pub fn stored_bytes(&self) -> u64 {
+        crate::predict::stored_bytes(self.fc1.len(), self.fc2.len(), self.bias.len()) as u64
+    }
+
     /// The predictor, on `hidden` inputs.
     pub fn predictor(&self, hidden: usize) -> Result<LowRank> {
         let dev = Device::Cpu;
@@ -330,7 +336,7 @@ pub fn train_low_rank(
     opts.validate()?;
     let (hidden, n) = train.dims();
     if val.dims() != (hidden, n) {
-        return Err(ErrorKind::LayerCount {
+        return Err(ErrorKind::Count {
             what: "validation sample width (hidden, intermediate)".into(),
             expected: hidden * n,
             got: val.dims().0 * val.dims().1,

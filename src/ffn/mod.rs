@@ -29,7 +29,19 @@ pub struct FfnSpec {
 }
 
 impl FfnSpec {
-    /// A checked spec: both sizes at least 1, dReLU only gated.
+    /// A gated FFN, `down(act(gate x) * up x)` (Llama, Mistral, Qwen, SmolLM), checked: both
+    /// sizes at least 1.
+    pub fn gated(hidden: usize, intermediate: usize, activation: Activation) -> Result<Self> {
+        Self::new(hidden, intermediate, activation, true)
+    }
+
+    /// An ungated FFN, `down(act(up x))` (OPT, Falcon), checked: both sizes at least 1, no dReLU.
+    pub fn ungated(hidden: usize, intermediate: usize, activation: Activation) -> Result<Self> {
+        Self::new(hidden, intermediate, activation, false)
+    }
+
+    /// A checked spec whose gating is data (e.g. read from a file): both sizes at least 1,
+    /// dReLU only gated. Prefer [`FfnSpec::gated`] / [`FfnSpec::ungated`] in code.
     pub fn new(
         hidden: usize,
         intermediate: usize,
@@ -79,6 +91,32 @@ impl FfnSpec {
     }
 }
 
+impl std::fmt::Display for WeightDType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for WeightDType {
+    type Err = Error;
+
+    /// Reads a [`WeightDType::name`] (case-insensitive); anything else is a
+    /// [`ErrorKind::Config`] error listing the names.
+    fn from_str(s: &str) -> Result<Self> {
+        let lower = s.to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|d| d.name() == lower)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|d| d.name()).collect();
+                Error::config(
+                    "storage dtype",
+                    format!("`{s}` is not one of {}", names.join(", ")),
+                )
+            })
+    }
+}
+
 /// Storage dtype of the neuron-major weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightDType {
@@ -97,6 +135,32 @@ pub enum WeightDType {
 }
 
 impl WeightDType {
+    /// Every storage dtype, in the order of [`WeightDType::name`]'s table.
+    pub const ALL: [WeightDType; 6] = [
+        WeightDType::F32,
+        WeightDType::F16,
+        WeightDType::BF16,
+        WeightDType::Q4_0,
+        WeightDType::Q4_1,
+        WeightDType::Q8_0,
+    ];
+
+    /// The lowercase name (`f32`, `f16`, `bf16`, `q4_0`, `q4_1`, `q8_0`): what [`Display`] prints
+    /// and [`FromStr`] reads.
+    ///
+    /// [`Display`]: std::fmt::Display
+    /// [`FromStr`]: std::str::FromStr
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightDType::F32 => "f32",
+            WeightDType::F16 => "f16",
+            WeightDType::BF16 => "bf16",
+            WeightDType::Q4_0 => "q4_0",
+            WeightDType::Q4_1 => "q4_1",
+            WeightDType::Q8_0 => "q8_0",
+        }
+    }
+
     /// Bytes of a row of `n` weights (`n` a multiple of 32 for the quantized types).
     pub fn row_bytes(self, n: usize) -> usize {
         match self {

@@ -23,7 +23,6 @@ use half::f16;
 use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
-use crate::activation::Activation;
 use crate::analysis::QUANTILE_STEPS;
 use crate::analysis::{Trained, QUANTILE_MAX};
 use crate::error::{Error, ErrorKind, Result};
@@ -191,29 +190,6 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
     .into()
 }
 
-/// The activation's name in the metadata.
-pub fn activation_name(a: Activation) -> &'static str {
-    match a {
-        Activation::Relu => "relu",
-        Activation::DRelu => "drelu",
-        Activation::Silu => "silu",
-        Activation::Gelu => "gelu",
-        Activation::GeluTanh => "gelu_tanh",
-    }
-}
-
-fn parse_activation(s: &str) -> Option<Activation> {
-    [
-        Activation::Relu,
-        Activation::DRelu,
-        Activation::Silu,
-        Activation::Gelu,
-        Activation::GeluTanh,
-    ]
-    .into_iter()
-    .find(|&a| activation_name(a) == s)
-}
-
 fn bytes_of<T: Copy>(v: &[T], to: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
     v.iter().flat_map(|&x| to(x)).collect()
 }
@@ -284,13 +260,13 @@ impl Artifact {
         ]);
         let bytes = safetensors::serialize(views, Some(info))
             .map_err(|e| bad(path, format!("serializing: {e}")))?;
-        std::fs::write(path, bytes).map_err(|e| bad(path, format!("writing: {e}")))
+        std::fs::write(path, bytes).map_err(|e| Error::io(path, "writing", e))
     }
 
     /// Reads and checks an artifact: format, version, every tensor's presence, dtype and shape,
     /// finite values, neuron indices.
     pub fn load(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| bad(path, format!("reading: {e}")))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, "reading", e))?;
         let st = safetensors::SafeTensors::deserialize(&bytes)
             .map_err(|e| bad(path, format!("not a valid safetensors file ({e})")))?;
         let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
@@ -509,13 +485,7 @@ impl Artifact {
     /// Layer `l`'s FFN spec as recorded.
     pub fn spec(&self, l: usize) -> Result<FfnSpec> {
         let (m, _) = self.layer(l)?;
-        let act = parse_activation(&m.activation).ok_or_else(|| {
-            Error::config(
-                "activation",
-                format!("unknown activation `{}`", m.activation),
-            )
-        })?;
-        FfnSpec::new(m.hidden, m.intermediate, act, m.gated)
+        FfnSpec::new(m.hidden, m.intermediate, m.activation.parse()?, m.gated)
     }
 
     /// Layer `l`'s predictor at its stored score threshold (or `threshold` when given).
@@ -581,36 +551,33 @@ impl Artifact {
     }
 }
 
-/// The fingerprint [`Artifact::check_model`] compares: the sha256 (hex) of a single model file;
-/// for several files (a checkpoint's `*.safetensors` and `config.json`), the sha256 of their
-/// hex sums concatenated in path order.
+/// The sha256 of a file's bytes, as lowercase hex (streamed; the file is not held in memory).
+pub fn file_sha256(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(|e| Error::io(path, "reading", e))?;
+    Ok(hex(&h.finalize()))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The fingerprint [`Artifact::check_model`] compares: the [`file_sha256`] of a single model
+/// file; for several files (a checkpoint's `*.safetensors` and `config.json`), the sha256 of
+/// their hex sums concatenated in path order.
 pub fn model_sha256(files: &[PathBuf]) -> Result<String> {
     use sha2::{Digest, Sha256};
-    fn hex(b: &[u8]) -> String {
-        b.iter().map(|x| format!("{x:02x}")).collect()
-    }
-    fn file_sha(p: &Path) -> Result<String> {
-        let io = |e: std::io::Error| -> Error {
-            ErrorKind::Format {
-                file: p.display().to_string(),
-                reason: format!("reading the model file: {e}"),
-            }
-            .into()
-        };
-        let mut f = std::fs::File::open(p).map_err(io)?;
-        let mut h = Sha256::new();
-        std::io::copy(&mut f, &mut h).map_err(io)?;
-        Ok(hex(&h.finalize()))
-    }
     match files {
         [] => Err(Error::config("model file", "no file to fingerprint")),
-        [one] => file_sha(one),
+        [one] => file_sha256(one),
         many => {
             let mut sorted = many.to_vec();
             sorted.sort();
             let mut all = String::new();
             for f in &sorted {
-                all.push_str(&file_sha(f)?);
+                all.push_str(&file_sha256(f)?);
             }
             Ok(hex(&Sha256::digest(all.as_bytes())))
         }

@@ -71,11 +71,7 @@ impl<R: Seek> Seek for AsGguf<'_, R> {
 }
 
 pub(super) fn io_error(file: &str, what: &str, e: std::io::Error) -> Error {
-    ErrorKind::Format {
-        file: file.to_string(),
-        reason: format!("{what}: {e}"),
-    }
-    .into()
+    Error::io(file, what, e)
 }
 
 fn is_eof(e: &candle_core::Error) -> bool {

@@ -202,12 +202,11 @@ pub fn parse_gpuidx(
     }
     if let Some(n) = block_count {
         if n != layers as u64 {
-            return Err(ErrorKind::LayerCount {
-                what: "generic.gpu_index.block_count (layers in the .gpuidx file)".into(),
-                expected: layers,
-                got: n as usize,
-            }
-            .into());
+            return Err(Error::count(
+                "generic.gpu_index.block_count (layers in the .gpuidx file)",
+                layers,
+                n as usize,
+            ));
         }
     }
     let mut infos = Vec::with_capacity(n_tensors);
@@ -231,12 +230,11 @@ pub fn parse_gpuidx(
         });
     }
     if infos.len() != 2 * layers {
-        return Err(ErrorKind::LayerCount {
-            what: "tensors in the .gpuidx file (gpu_idx and gpu_bucket per layer)".into(),
-            expected: 2 * layers,
-            got: infos.len(),
-        }
-        .into());
+        return Err(Error::count(
+            "tensors in the .gpuidx file (gpu_idx and gpu_bucket per layer)",
+            2 * layers,
+            infos.len(),
+        ));
     }
     let data = (c.at as u64).div_ceil(alignment) * alignment;
     let read_i32 = |t: &RawTensor| -> Result<Vec<i32>> {

@@ -6,7 +6,7 @@ mod gguf;
 mod gpuidx;
 
 pub use artifact::{
-    activation_name, model_sha256, Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary,
+    file_sha256, model_sha256, Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary,
     InputRuleMeta, LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
 };
 pub use gguf::{

@@ -7,8 +7,10 @@
 //! Scratch buffers live in the block and are reused: no heap allocation and no thread spawn per
 //! token inside [`HybridFfn::forward_f32`] once the largest batch has been seen.
 
+mod neurons;
 mod place;
 
+pub use neurons::Neurons;
 pub use place::{plan_placement, LayerPlacement, Placement};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 
+use crate::activation::Activation;
 use crate::analysis::{ActivationStats, PredictorAudit};
 use crate::cpu::{share, Kernels, Pool, SimdLevel, SparseJob, ThreadScratch};
 use crate::error::{Error, ErrorKind, Result};
@@ -154,17 +157,19 @@ impl HybridFfn {
     }
 
     /// Loads the FFN of one layer the way candle models do, from a `VarBuilder` already at the
-    /// MLP's prefix (e.g. `vb.pp("mlp")`): `gate_proj`, `up_proj`, `down_proj` for gated specs,
-    /// `fc1`, `fc2` for ungated ones, each with an optional `.bias`. Weights are stored in the
-    /// `VarBuilder`'s dtype.
-    pub fn load(spec: FfnSpec, vb: VarBuilder, opts: HybridOptions) -> Result<Self> {
-        let names: &[&str] = if spec.gated {
+    /// MLP's prefix (e.g. `vb.pp("mlp")`): `gate_proj`, `up_proj`, `down_proj` (gated), else
+    /// `up_proj`, `down_proj` or `fc1`, `fc2` (ungated), each with an optional `.bias`. The
+    /// sizes are read from the weights (`up` is `[intermediate, hidden]`; the others are checked
+    /// against it) and they are stored in the `VarBuilder`'s dtype.
+    pub fn load(activation: Activation, vb: VarBuilder, opts: HybridOptions) -> Result<Self> {
+        let names: &[&str] = if vb.contains_tensor("gate_proj.weight") {
             &["gate_proj", "up_proj", "down_proj"]
         } else if vb.contains_tensor("up_proj.weight") {
             &["up_proj", "down_proj"]
         } else {
             &["fc1", "fc2"]
         };
+        let gated = names.len() == 3;
         let get = |name: &str| -> Result<Tensor> {
             if !vb.contains_tensor(name) {
                 let prefix = vb.prefix();
@@ -192,12 +197,18 @@ impl HybridFfn {
             .iter()
             .map(|n| opt(&format!("{n}.bias")))
             .collect::<Result<_>>()?;
-        let k = usize::from(spec.gated);
+        let k = usize::from(gated);
+        let up_name = format!("{}.weight", names[k]);
+        let (intermediate, hidden) = match *w[k].dims() {
+            [n, h] => (n, h),
+            ref d => return Err(Error::shape(&up_name, &[None, None], d)),
+        };
+        let spec = FfnSpec::new(hidden, intermediate, activation, gated)?;
         let weights = FfnWeights {
-            gate: spec.gated.then(|| &w[0]),
+            gate: gated.then(|| &w[0]),
             up: &w[k],
             down: &w[k + 1],
-            gate_bias: if spec.gated { b[0].as_ref() } else { None },
+            gate_bias: if gated { b[0].as_ref() } else { None },
             up_bias: b[k].as_ref(),
             down_bias: b[k + 1].as_ref(),
         };
@@ -226,12 +237,11 @@ impl HybridFfn {
     pub fn set_placement(&mut self, placement: LayerPlacement) -> Result<()> {
         let n = self.bundles.spec().intermediate;
         if placement.intermediate() != n {
-            return Err(ErrorKind::LayerCount {
-                what: "placement neurons".into(),
-                expected: n,
-                got: placement.intermediate(),
-            }
-            .into());
+            return Err(Error::count(
+                "placement neurons",
+                n,
+                placement.intermediate(),
+            ));
         }
         self.placement = placement;
         Ok(())

@@ -4,7 +4,7 @@
 //! Placement decides *where* a neuron is computed, never *whether*: cold neurons are still computed
 //! (by the CPU tier) when the predictor selects them.
 
-use crate::error::{ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// The hot set of one layer, with an O(1) membership test.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,12 +123,11 @@ pub fn plan_placement(
     budget: u64,
 ) -> Result<Placement> {
     if frequencies.len() != neuron_bytes.len() {
-        return Err(ErrorKind::LayerCount {
-            what: "neuron_bytes entries (one per layer)".into(),
-            expected: frequencies.len(),
-            got: neuron_bytes.len(),
-        }
-        .into());
+        return Err(Error::count(
+            "neuron_bytes entries (one per layer)",
+            frequencies.len(),
+            neuron_bytes.len(),
+        ));
     }
     if budget == 0 {
         return Err(ErrorKind::Budget {

@@ -39,7 +39,8 @@ use chess::Up;
 pub use greedy::{GreedyPath, GreedyStep};
 pub use linear::InputSparseLinear;
 pub use rule::{
-    InputScore, InputScores, InputThresholds, WeightTraffic, MAX_SAMPLES, SAMPLE_EVERY,
+    split_target, InputScore, InputScores, InputThresholds, WeightTraffic, MAX_SAMPLES,
+    SAMPLE_EVERY,
 };
 
 /// One product's input: the masked row, its quantized form and the columns it keeps.

@@ -37,6 +37,15 @@ impl InputScore {
     }
 }
 
+/// Fractions of the (gate, up, down) entries dropped for a mean `target` over the three
+/// matrices (of equal size): down drops `down_multiple` times the target (at most 0.95), gate
+/// and up share the rest equally.
+pub fn split_target(target: f64, down_multiple: f64) -> [f64; 3] {
+    let d = (down_multiple * target).min(0.95);
+    let gu = ((3.0 * target - d) / 2.0).clamp(0.0, 0.95);
+    [gu, gu, d]
+}
+
 /// Per-matrix thresholds of one layer: an entry is kept when its score exceeds the threshold.
 /// All zero keeps every nonzero entry (the dense FFN).
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]

@@ -239,6 +239,16 @@ impl Predictor for LowRank {
     }
 
     fn weight_bytes(&self) -> usize {
-        (self.fc1.len() + self.fc2t.len()) * 2 + self.bias.as_ref().map_or(0, |b| b.len() * 4)
+        stored_bytes(
+            self.fc1.len(),
+            self.fc2t.len(),
+            self.bias.as_ref().map_or(0, Vec::len),
+        )
     }
+}
+
+/// Bytes a low-rank predictor takes where it is kept (and in a placement budget): f16 `fc1` and
+/// `fc2` weights, f32 bias.
+pub(crate) fn stored_bytes(fc1: usize, fc2: usize, bias: usize) -> usize {
+    (fc1 + fc2) * 2 + bias * 4
 }

@@ -10,7 +10,7 @@ use std::fmt;
 
 pub use crate::active::ActiveSet;
 use crate::cpu::{DensePass, Kernels, Pool};
-use crate::error::{ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::ffn::NeuronBundles;
 
 mod gate_first;
@@ -18,6 +18,7 @@ mod low_rank;
 mod pre_norm;
 
 pub use gate_first::GateFirst;
+pub(crate) use low_rank::stored_bytes;
 pub use low_rank::LowRank;
 pub use pre_norm::{PreNormLowRank, RowRms};
 
@@ -104,12 +105,11 @@ impl Oracle {
 impl Predictor for Oracle {
     fn predict(&self, input: &PredictInput<'_>, set: &mut ActiveSet) -> Result<()> {
         if self.sets.len() != 1 && self.sets.len() != input.rows {
-            return Err(ErrorKind::LayerCount {
-                what: "oracle sets per batch row".into(),
-                expected: input.rows,
-                got: self.sets.len(),
-            }
-            .into());
+            return Err(Error::count(
+                "oracle sets per batch row",
+                input.rows,
+                self.sets.len(),
+            ));
         }
         for r in 0..input.rows {
             let s = &self.sets[if self.sets.len() == 1 { 0 } else { r }];

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Tensor};
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 
 use super::{ActiveSet, LowRank, PredictInput, Predictor};
 
@@ -135,12 +135,11 @@ impl Predictor for PreNormLowRank {
         })?;
         let rms = handle.0.lock().unwrap_or_else(|e| e.into_inner());
         if rms.len() != input.rows {
-            return Err(ErrorKind::LayerCount {
-                what: "row_rms values per batch row".into(),
-                expected: input.rows,
-                got: rms.len(),
-            }
-            .into());
+            return Err(Error::count(
+                "row_rms values per batch row",
+                input.rows,
+                rms.len(),
+            ));
         }
         let t = self.threshold;
         self.inner.score_rows(input, set, |set, r, i, s| {

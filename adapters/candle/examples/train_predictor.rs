@@ -10,7 +10,8 @@
 use std::time::Instant;
 
 use powerinfer::analysis::{train_low_rank, TrainOptions, QUANTILE_STEPS};
-use powerinfer_candle::{fetch, open, FfnMode, Sampling};
+use powerinfer_candle::{open, FfnMode, Sampling};
+use powerinfer_data as fetch;
 
 fn arg<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
     let v = std::env::args()

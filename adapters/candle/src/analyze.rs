@@ -8,7 +8,7 @@ use candle_core::Tensor;
 use powerinfer::analysis::{ActivationStats, PredictorAudit, Samples};
 use powerinfer::Artifact;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{check_count, Error, ErrorKind, Result};
 use crate::model::{Ffn, FfnProbe, Llama};
 
 /// What [`Llama::profile`] gathers: per layer, activation counts at the layer's threshold and
@@ -72,18 +72,6 @@ impl FfnProbe for ProfileProbe {
     }
 }
 
-fn need_layers(what: &str, expected: usize, got: usize) -> Result<()> {
-    if expected == got {
-        return Ok(());
-    }
-    Err(powerinfer::Error::from(powerinfer::ErrorKind::LayerCount {
-        what: what.into(),
-        expected,
-        got,
-    })
-    .into())
-}
-
 impl Llama {
     /// Per-layer `|h|` histograms of the (token, neuron) activations of `tokens`, computed with
     /// dense FFNs (load with [`crate::FfnMode::Analysis`]): read thresholds for a target sparsity
@@ -124,7 +112,7 @@ impl Llama {
             self.config.intermediate,
             self.config.hidden,
         );
-        need_layers("thresholds (one per layer)", layers, thresholds.len())?;
+        check_count("thresholds (one per layer)", layers, thresholds.len())?;
         let mut probe = ProfileProbe {
             profile: Profile {
                 stats: thresholds
@@ -153,7 +141,7 @@ impl Llama {
     /// validation rows (for sweeps); otherwise the stored (target-recall) threshold is used.
     pub fn use_artifact(&mut self, a: &Artifact, sparsity: Option<f64>) -> Result<()> {
         let hybrids = self.hybrids()?;
-        need_layers("artifact layers", hybrids.len(), a.layers.len())?;
+        check_count("artifact layers", hybrids.len(), a.layers.len())?;
         for (l, h) in hybrids.into_iter().enumerate() {
             a.install(l, h, sparsity)?;
         }
@@ -163,7 +151,7 @@ impl Llama {
     /// Starts auditing every hybrid layer's predictor against `|h| > thresholds[layer]`.
     pub fn enable_audit(&mut self, thresholds: &[f32]) -> Result<()> {
         let hybrids = self.hybrids()?;
-        need_layers(
+        check_count(
             "thresholds (one per layer)",
             hybrids.len(),
             thresholds.len(),
@@ -190,7 +178,7 @@ impl Llama {
 /// `config.json` and every `*.safetensors` file's hash, in name order.
 pub fn model_sha256(path: &Path) -> Result<String> {
     if !path.is_dir() {
-        return crate::fetch::sha256_file(path);
+        return Ok(powerinfer::format::file_sha256(path)?);
     }
     let files: Vec<_> = std::fs::read_dir(path)
         .map_err(|e| Error::io(path, e))?

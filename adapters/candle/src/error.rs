@@ -57,22 +57,6 @@ pub enum ErrorKind {
         /// Why.
         reason: String,
     },
-    /// Fetching the model or the text failed.
-    Fetch {
-        /// What was being fetched.
-        what: String,
-        /// Why it failed.
-        reason: String,
-    },
-    /// A fetched file does not have the pinned checksum.
-    Checksum {
-        /// The file.
-        path: PathBuf,
-        /// Expected sha256.
-        expected: String,
-        /// Actual sha256.
-        got: String,
-    },
     /// An error from the sparse FFN engine.
     Engine(powerinfer::Error),
     /// An error from candle.
@@ -103,14 +87,6 @@ impl Error {
 
     pub(crate) fn missing_key(key: impl Into<String>) -> Self {
         ErrorKind::MissingKey { key: key.into() }.into()
-    }
-
-    pub(crate) fn fetch(what: impl Into<String>, reason: impl Into<String>) -> Self {
-        ErrorKind::Fetch {
-            what: what.into(),
-            reason: reason.into(),
-        }
-        .into()
     }
 }
 
@@ -151,16 +127,6 @@ impl fmt::Display for Error {
             ),
             ErrorKind::Tokenizer(e) => write!(f, "tokenizer: {e}"),
             ErrorKind::Prompt { reason } => write!(f, "prompt: {reason}"),
-            ErrorKind::Fetch { what, reason } => write!(f, "fetching {what}: {reason}"),
-            ErrorKind::Checksum {
-                path,
-                expected,
-                got,
-            } => write!(
-                f,
-                "{}: sha256 {got}, expected {expected} (corrupt or wrong file; delete it to refetch)",
-                path.display()
-            ),
             ErrorKind::Engine(e) => write!(f, "{e}"),
             ErrorKind::Candle(e) => write!(f, "candle: {e}"),
         }
@@ -176,4 +142,13 @@ impl std::error::Error for Error {
             _ => None,
         }
     }
+}
+
+/// `Ok` when a per-layer list has `got == expected` entries, else the engine's
+/// [`powerinfer::ErrorKind::Count`] error naming `what`.
+pub(crate) fn check_count(what: &str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        return Ok(());
+    }
+    Err(powerinfer::Error::count(what, expected, got).into())
 }

@@ -7,7 +7,7 @@ use powerinfer::{
     InputThresholds, WeightTraffic,
 };
 
-use crate::error::{ErrorKind, Result};
+use crate::error::{check_count, ErrorKind, Result};
 use crate::model::{Attention, Ffn, Llama, Projection};
 
 impl Llama {
@@ -70,14 +70,11 @@ impl Llama {
     /// Uses `GateFirst` with `thresholds[layer]` in every hybrid layer.
     pub fn set_gate_first(&mut self, thresholds: &[f32]) -> Result<()> {
         let hybrids = self.hybrids()?;
-        if hybrids.len() != thresholds.len() {
-            return Err(powerinfer::Error::from(powerinfer::ErrorKind::LayerCount {
-                what: "thresholds (one per layer)".into(),
-                expected: hybrids.len(),
-                got: thresholds.len(),
-            })
-            .into());
-        }
+        check_count(
+            "thresholds (one per layer)",
+            hybrids.len(),
+            thresholds.len(),
+        )?;
         for (h, &t) in hybrids.into_iter().zip(thresholds) {
             h.set_predictor(GateFirst::new(t)?);
         }
@@ -157,9 +154,7 @@ impl Llama {
         f: impl Fn(&mut InputSparseFfn, &T) -> powerinfer::Result<R>,
     ) -> Result<Vec<R>> {
         let layers = self.input_sparse()?;
-        if layers.len() != per_layer.len() {
-            return Err(layer_count(what, layers.len(), per_layer.len()));
-        }
+        check_count(what, layers.len(), per_layer.len())?;
         layers
             .into_iter()
             .zip(per_layer)
@@ -283,13 +278,7 @@ impl Llama {
     /// Sets every layer's attention thresholds on `|x|`: `[q/k/v input, o input]` per layer.
     pub fn set_attention_rule(&mut self, thresholds: &[[f32; 2]]) -> Result<()> {
         let layers = self.sparse_attention()?;
-        if layers.len() != thresholds.len() {
-            return Err(layer_count(
-                "attention thresholds",
-                layers.len(),
-                thresholds.len(),
-            ));
-        }
+        check_count("attention thresholds", layers.len(), thresholds.len())?;
         for ([qkv, o], t) in layers.into_iter().zip(thresholds) {
             qkv.set_threshold(t[0])?;
             o.set_threshold(t[1])?;
@@ -367,17 +356,4 @@ impl Llama {
         }
         Ok((nll / n as f64).exp())
     }
-}
-
-/// A typed error for a per-layer list of the wrong length.
-fn layer_count(what: &str, expected: usize, got: usize) -> crate::error::Error {
-    ErrorKind::Engine(
-        powerinfer::ErrorKind::LayerCount {
-            what: what.into(),
-            expected,
-            got,
-        }
-        .into(),
-    )
-    .into()
 }

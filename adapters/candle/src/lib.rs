@@ -19,23 +19,33 @@ mod analyze;
 mod config;
 mod error;
 mod eval;
-pub mod fetch;
 mod fused;
 mod generate;
+mod input_rule;
 mod load;
 mod model;
+mod pipeline;
 mod pwri;
 mod tokenizer;
 
 use std::path::Path;
+
+/// The README's Rust snippets, compiled by `cargo test --doc` (and run where they need no model
+/// file), so the documented API cannot drift from the code.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
 
 pub use analyze::{model_sha256, native_storage, Profile, Sampling};
 pub use config::{activation_from_name, LlamaConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use fused::KernelFfn;
 pub use generate::{generate, GenerateOptions, Generation};
-pub use load::{load_gguf, load_safetensors, FfnMode, GgufFile, PredictorChoice};
+pub use input_rule::InputRuleOptions;
+pub use load::{load_gguf, load_safetensors, FfnMode, GgufFile};
 pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
+pub use pipeline::{analyze, Analysis, AnalyzeOptions, Progress};
+pub use powerinfer::Neurons;
 pub use tokenizer::TextTokenizer;
 
 /// Opens a model: a `.gguf` file, or a directory with `config.json`, `*.safetensors` and

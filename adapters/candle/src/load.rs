@@ -10,25 +10,13 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use powerinfer::{
     All, ColumnStorage, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions, InputSparseFfn,
-    NeuronBundles, WeightDType,
+    NeuronBundles, Neurons, WeightDType,
 };
 
 use crate::config::LlamaConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::fused::{Decoder, Embed, KernelFfn};
 use crate::model::{Attention, DenseFfn, Ffn, Layer, Linear, Llama, Projection, RmsNorm};
-
-/// Which neurons the hybrid FFN computes.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum PredictorChoice {
-    /// Every neuron (dense through the sparse kernels).
-    All,
-    /// `GateFirst` with one threshold for every layer (exact at 0 for ReLU models).
-    GateFirst {
-        /// Threshold on `act(gate)` (ReLU) or `|h|` (SiLU/GELU).
-        threshold: f32,
-    },
-}
 
 /// How each layer's FFN is built.
 #[derive(Debug, Clone)]
@@ -71,8 +59,11 @@ pub enum FfnMode {
         /// Storage of the neuron-major weights. `None`: as the file stores them (GGUF Q4_0, Q4_1
         /// and Q8_0 blocks kept byte for byte, down rows re-quantized to Q8_0; other files f16).
         storage: Option<WeightDType>,
-        /// The predictor.
-        predictor: PredictorChoice,
+        /// Which neurons run: [`Neurons::All`], [`Neurons::GateFirst`] (one threshold for every
+        /// layer), or [`Neurons::Artifact`] (the artifact is read, checked against the model
+        /// file, and its predictors and placement installed in every layer while loading).
+        /// [`Neurons::Input`] is [`FfnMode::InputSparse`]'s job and an error here.
+        predictor: Neurons,
         /// Threads, SIMD level, prefill policy.
         options: HybridOptions,
         /// Run the attention projections and the LM head through powerinfer's quantized kernels
@@ -89,7 +80,7 @@ impl FfnMode {
     pub fn gate_first(threshold: f32) -> Self {
         FfnMode::Hybrid {
             storage: None,
-            predictor: PredictorChoice::GateFirst { threshold },
+            predictor: Neurons::GateFirst(threshold),
             options: HybridOptions::default(),
             powerinfer_linears: true,
         }
@@ -116,15 +107,23 @@ fn hybrid_ffn(
         })
         .into());
     };
-    let spec = FfnSpec::new(cfg.hidden, cfg.intermediate, cfg.activation, true)?;
+    let spec = FfnSpec::gated(cfg.hidden, cfg.intermediate, cfg.activation)?;
     let opts = HybridOptions {
         layer: Some(layer),
         ..options.clone()
     };
     let ffn = HybridFfn::new(bundles(spec, *storage)?, opts)?;
     Ok(Ffn::Hybrid(Box::new(match predictor {
-        PredictorChoice::All => ffn.with_predictor(All),
-        PredictorChoice::GateFirst { threshold } => ffn.with_predictor(GateFirst::new(*threshold)?),
+        // An artifact's predictors replace `All` once every layer is built.
+        Neurons::All | Neurons::Artifact { .. } => ffn.with_predictor(All),
+        Neurons::GateFirst(threshold) => ffn.with_predictor(GateFirst::new(*threshold)?),
+        Neurons::Input(_) => {
+            return Err(powerinfer::Error::config(
+                "predictor",
+                "Neurons::Input is the input-sparse FFN: load with FfnMode::InputSparse",
+            )
+            .into())
+        }
     })))
 }
 
@@ -321,6 +320,30 @@ fn unpackable(gguf: &GgufFile, cfg: &LlamaConfig, ffn: bool) -> Option<(String, 
 
 /// Loads a llama-family GGUF file with each layer's FFN built as `mode` says.
 pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
+    let model = build_gguf(gguf, mode)?;
+    let path = gguf.path.clone();
+    install_artifact(model, mode, &path)
+}
+
+/// With [`Neurons::Artifact`]: reads the artifact, checks it was made from `model_path`, and
+/// installs its predictors and placement in every layer.
+fn install_artifact(mut model: Llama, mode: &FfnMode, model_path: &Path) -> Result<Llama> {
+    if let FfnMode::Hybrid {
+        predictor: Neurons::Artifact {
+            path,
+            predictor_sparsity,
+        },
+        ..
+    } = mode
+    {
+        let a = powerinfer::Artifact::load(path)?;
+        a.check_model(&crate::model_sha256(model_path)?)?;
+        model.use_artifact(&a, *predictor_sparsity)?;
+    }
+    Ok(model)
+}
+
+fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     let mut cfg = LlamaConfig::from_gguf(&gguf.content)?;
     crate::pwri::adjust_config(gguf, &mut cfg);
     let dev = Device::Cpu;
@@ -423,7 +446,7 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
                 let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
                 let (gate, up) = (t(gguf, "ffn_gate")?, t(gguf, "ffn_up")?);
                 let down = t(gguf, "ffn_down")?;
-                let spec = FfnSpec::new(cfg.hidden, cfg.intermediate, cfg.activation, true)?;
+                let spec = FfnSpec::gated(cfg.hidden, cfg.intermediate, cfg.activation)?;
                 Ffn::InputSparse(Box::new(if *up_rows {
                     InputSparseFfn::from_qtensors_up_rows(spec, &gate, &up, &down, *threads, None)?
                 } else {
@@ -538,6 +561,11 @@ fn finish(
 
 /// Loads an HF safetensors checkpoint directory (`config.json` and `*.safetensors`).
 pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
+    let model = build_safetensors(dir, mode)?;
+    install_artifact(model, mode, dir)
+}
+
+fn build_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
     let cfg = LlamaConfig::from_hf_json(&dir.join("config.json"))?;
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| Error::io(dir, e))?
@@ -606,7 +634,7 @@ pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
             FfnMode::InputSparse { threads, .. } => {
                 let w = |n: &str| get(&format!("{mlp}.{n}_proj.weight"));
                 let (g, u, d) = (w("gate")?, w("up")?, w("down")?);
-                let spec = FfnSpec::new(cfg.hidden, cfg.intermediate, cfg.activation, true)?;
+                let spec = FfnSpec::gated(cfg.hidden, cfg.intermediate, cfg.activation)?;
                 Ffn::InputSparse(Box::new(InputSparseFfn::from_weights(
                     spec,
                     FfnWeights::gated(&g, &u, &d),

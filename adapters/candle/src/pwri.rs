@@ -12,7 +12,7 @@ use powerinfer::format::{GgufMagic, PowerInferFile};
 use powerinfer::{Activation, LayerPlacement, RowRms};
 
 use crate::config::LlamaConfig;
-use crate::error::{Error, Result};
+use crate::error::{check_count, Error, Result};
 use crate::load::GgufFile;
 use crate::model::{Ffn, Llama};
 
@@ -88,15 +88,6 @@ fn config_error(setting: &str, reason: String) -> Error {
     .into()
 }
 
-fn layer_count(what: &str, expected: usize, got: usize) -> Error {
-    powerinfer::Error::from(powerinfer::ErrorKind::LayerCount {
-        what: what.into(),
-        expected,
-        got,
-    })
-    .into()
-}
-
 impl Llama {
     /// Installs PowerInfer's per-layer predictors from `file` (usually the same `PWRI` file the
     /// model was loaded from) into every layer's hybrid FFN, with the file's
@@ -110,13 +101,11 @@ impl Llama {
     /// Every layer must be hybrid (`FfnMode::Hybrid`), and the file must have as many layers.
     pub fn use_powerinfer_predictors(&mut self, file: &mut PowerInferFile) -> Result<()> {
         let n = file.layers()?;
-        if n != self.layers.len() {
-            return Err(layer_count(
-                "layers in the PowerInfer predictor file",
-                self.layers.len(),
-                n,
-            ));
-        }
+        check_count(
+            "layers in the PowerInfer predictor file",
+            self.layers.len(),
+            n,
+        )?;
         let mut rms = Vec::with_capacity(n);
         for (l, layer) in self.layers.iter_mut().enumerate() {
             let Ffn::Hybrid(h) = &mut layer.ffn else {
@@ -142,13 +131,11 @@ impl Llama {
     /// Applies one placement per layer (e.g. from `powerinfer::format::read_gpuidx`) to the hybrid FFNs.
     /// Placement decides where a neuron is computed, never whether: outputs do not change.
     pub fn apply_placements(&mut self, placements: Vec<LayerPlacement>) -> Result<()> {
-        if placements.len() != self.layers.len() {
-            return Err(layer_count(
-                "placements (one per layer)",
-                self.layers.len(),
-                placements.len(),
-            ));
-        }
+        check_count(
+            "placements (one per layer)",
+            self.layers.len(),
+            placements.len(),
+        )?;
         for (l, (layer, p)) in self.layers.iter_mut().zip(placements).enumerate() {
             let Ffn::Hybrid(h) = &mut layer.ffn else {
                 return Err(config_error(

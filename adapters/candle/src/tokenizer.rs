@@ -25,6 +25,16 @@ fn tok_err(e: impl std::fmt::Display) -> crate::error::Error {
 }
 
 impl TextTokenizer {
+    /// The tokenizer of the model at `path`, as [`crate::open`] builds it: a `.gguf` file's
+    /// metadata ([`TextTokenizer::from_gguf`]), or a directory's `tokenizer.json`.
+    pub fn open(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            Self::from_file(&path.join("tokenizer.json"))
+        } else {
+            Self::from_gguf(&crate::GgufFile::open(path)?.content)
+        }
+    }
+
     /// From GGUF metadata (`tokenizer.ggml.*`): vocabulary, merges and special tokens through
     /// candle's `TokenizerFromGguf`, then the pre-tokenizer llama.cpp uses for the file's
     /// `tokenizer.ggml.pre` where candle's differs: GPT-2-style files (`gpt2`, `smollm`, and

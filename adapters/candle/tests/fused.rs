@@ -7,7 +7,7 @@ mod common;
 use candle_core::quantized::GgmlDType;
 use common::{temp_dir, write_gguf_llama, write_gguf_llama_with_heads, GgufSpec};
 use powerinfer::HybridOptions;
-use powerinfer_candle::{load_gguf, ErrorKind, FfnMode, GgufFile, Llama, PredictorChoice};
+use powerinfer_candle::{load_gguf, ErrorKind, FfnMode, GgufFile, Llama, Neurons};
 
 fn load(path: &std::path::Path, mode: &FfnMode) -> Llama {
     load_gguf(&mut GgufFile::open(path).unwrap(), mode).unwrap()
@@ -113,7 +113,7 @@ fn fused_prefill_equals_token_by_token() {
         FfnMode::Fused { threads: 2 },
         FfnMode::Hybrid {
             storage: None,
-            predictor: PredictorChoice::All,
+            predictor: Neurons::All,
             options: HybridOptions {
                 threads: 2,
                 ..Default::default()
@@ -195,7 +195,7 @@ fn fused_needs_integer_blocks() {
         &path,
         &FfnMode::Hybrid {
             storage: None,
-            predictor: PredictorChoice::All,
+            predictor: Neurons::All,
             options: HybridOptions::default(),
             powerinfer_linears: true,
         },

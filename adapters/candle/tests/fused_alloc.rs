@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use candle_core::quantized::GgmlDType;
 use common::{temp_dir, write_gguf_llama, GgufSpec};
 use powerinfer::HybridOptions;
-use powerinfer_candle::{load_gguf, FfnMode, GgufFile, PredictorChoice};
+use powerinfer_candle::{load_gguf, FfnMode, GgufFile, Neurons};
 
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
@@ -62,8 +62,8 @@ fn fused_decode_allocates_nothing() {
     };
     let modes = [
         FfnMode::Fused { threads: 2 },
-        hybrid(PredictorChoice::All),
-        hybrid(PredictorChoice::GateFirst { threshold: 0.01 }),
+        hybrid(Neurons::All),
+        hybrid(Neurons::GateFirst(0.01)),
     ];
     for mode in modes {
         let mut m = load_gguf(&mut GgufFile::open(&path).unwrap(), &mode).unwrap();

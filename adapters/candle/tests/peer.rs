@@ -4,7 +4,8 @@
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use powerinfer::WeightDType;
-use powerinfer_candle::{fetch, generate, open, FfnMode, GenerateOptions, PredictorChoice};
+use powerinfer_candle::{generate, open, FfnMode, GenerateOptions, Neurons};
+use powerinfer_data as fetch;
 
 const PROMPT: [u32; 4] = [1, 504, 3458, 282];
 /// The greedy continuation candle 0.11's `quantized_llama` produced for `PROMPT` (recorded when
@@ -106,7 +107,7 @@ fn hybrid_all_neurons_matches_dense_f32() {
     let (mut dense, _) = open(&path, &FfnMode::DenseF32).unwrap();
     let mode = FfnMode::Hybrid {
         storage: Some(WeightDType::F32),
-        predictor: PredictorChoice::All,
+        predictor: Neurons::All,
         options: Default::default(),
         powerinfer_linears: false,
     };
@@ -164,7 +165,7 @@ fn hybrid_native_q4_1_perplexity_matches_dense() {
     let candle = ppl(&FfnMode::Dense);
     let hybrid = |powerinfer_linears| FfnMode::Hybrid {
         storage: None,
-        predictor: PredictorChoice::All,
+        predictor: Neurons::All,
         options: Default::default(),
         powerinfer_linears,
     };

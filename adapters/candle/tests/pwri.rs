@@ -7,7 +7,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use powerinfer::format::{read_gpuidx, PowerInferFile};
 use powerinfer::{HybridOptions, WeightDType};
-use powerinfer_candle::{load_gguf, ErrorKind, Ffn, FfnMode, GgufFile, Llama, PredictorChoice};
+use powerinfer_candle::{load_gguf, ErrorKind, Ffn, FfnMode, GgufFile, Llama, Neurons};
 
 const HIDDEN: usize = 64;
 const INTER: usize = 128;
@@ -157,7 +157,7 @@ fn write_gpuidx(path: &Path, hot: &[Vec<i32>]) {
 fn hybrid() -> FfnMode {
     FfnMode::Hybrid {
         storage: Some(WeightDType::F32),
-        predictor: PredictorChoice::All,
+        predictor: Neurons::All,
         options: HybridOptions::default(),
         powerinfer_linears: false,
     }

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use powerinfer::{HybridOptions, WeightDType};
-use powerinfer_candle::{generate, load_safetensors, FfnMode, GenerateOptions, PredictorChoice};
+use powerinfer_candle::{generate, load_safetensors, FfnMode, GenerateOptions, Neurons};
 
 #[test]
 fn gate_first_at_zero_equals_dense_on_relu_llama() {
@@ -14,7 +14,7 @@ fn gate_first_at_zero_equals_dense_on_relu_llama() {
     let mut dense = load_safetensors(&dir, &FfnMode::Dense).unwrap();
     let mode = FfnMode::Hybrid {
         storage: Some(WeightDType::F32),
-        predictor: PredictorChoice::GateFirst { threshold: 0.0 },
+        predictor: Neurons::GateFirst(0.0),
         options: HybridOptions {
             threads: 2,
             ..Default::default()

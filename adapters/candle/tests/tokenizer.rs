@@ -1,6 +1,7 @@
 //! The GGUF tokenizer of SmolLM2 round-trips real text.
 
-use powerinfer_candle::{fetch, GgufFile, TextTokenizer};
+use powerinfer_candle::{GgufFile, TextTokenizer};
+use powerinfer_data as fetch;
 
 #[test]
 fn gguf_tokenizer_round_trips_speeches() {

@@ -396,7 +396,7 @@ fn measure_input(
     let mut m =
         crate::input::load_input(path, settings.threads, settings.attention_sparsity > 0.0)?;
     let rule = crate::input::rule_for(&mut m, path, settings)?;
-    crate::input::apply(&mut m.model, &rule)?;
+    m.model.apply_input_rule(&rule)?;
     let mut row = measure(&mut m.model, prompt, a.decode_tokens, a.runs, "input")?;
     m.model.clear_kv_cache();
     let mut next = argmax(m.model.forward_logits(prompt, 0)?);

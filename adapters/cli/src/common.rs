@@ -7,9 +7,11 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use powerinfer::{Artifact, HybridOptions, WeightDType};
 use powerinfer_candle::{
-    fetch, generate, model_sha256, open, FfnMode, GenerateOptions, Generation, Llama,
-    PredictorChoice, TextTokenizer,
+    generate, model_sha256, open, FfnMode, GenerateOptions, Generation, Llama, Neurons,
+    TextTokenizer,
 };
+
+use powerinfer_data as fetch;
 
 use crate::ModelArgs;
 
@@ -39,16 +41,7 @@ pub struct SparseSettings {
 impl SparseSettings {
     /// Checks the raw flags.
     pub fn from_args(a: &ModelArgs) -> Result<Self> {
-        let storage = match a.storage.as_str() {
-            "native" => None,
-            "f32" => Some(WeightDType::F32),
-            "f16" => Some(WeightDType::F16),
-            "bf16" => Some(WeightDType::BF16),
-            "q4_0" => Some(WeightDType::Q4_0),
-            "q4_1" => Some(WeightDType::Q4_1),
-            "q8_0" => Some(WeightDType::Q8_0),
-            s => bail!("--storage {s}: expected native, f32, f16, bf16, q4_0, q4_1 or q8_0"),
-        };
+        let storage = a.storage.0;
         if !(0.0..1.0).contains(&a.sparsity) {
             bail!("--sparsity {}: expected a value in [0, 1)", a.sparsity);
         }
@@ -60,22 +53,8 @@ impl SparseSettings {
         if a.calibration_tokens < 2 {
             bail!("--calibration-tokens must be at least 2");
         }
-        if let Some(s) = a.predictor_sparsity {
-            if a.powerinfer.is_none() {
-                bail!("--predictor-sparsity needs --powerinfer ARTIFACT");
-            }
-            if !(0.0..=powerinfer::analysis::QUANTILE_MAX).contains(&s) {
-                bail!(
-                    "--predictor-sparsity {s}: expected a value in [0, {}]",
-                    powerinfer::analysis::QUANTILE_MAX
-                );
-            }
-        }
-        if !(0.0..=0.95).contains(&a.attention_sparsity) {
-            bail!(
-                "--attention-sparsity {}: expected a value in [0, 0.95]",
-                a.attention_sparsity
-            );
+        if a.predictor_sparsity.is_some() && a.powerinfer.is_none() {
+            bail!("--predictor-sparsity needs --powerinfer ARTIFACT");
         }
         if let Some(p) = &a.powerinfer {
             if !p.is_file() {
@@ -104,7 +83,7 @@ impl SparseSettings {
     pub fn mode(&self) -> FfnMode {
         FfnMode::Hybrid {
             storage: self.storage,
-            predictor: PredictorChoice::All,
+            predictor: Neurons::All,
             options: HybridOptions {
                 threads: self.threads,
                 ..Default::default()

@@ -36,7 +36,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     ) {
         Ok(mut m) => {
             let rule = crate::input::rule_for(&mut m, &path, &settings)?;
-            crate::input::apply(&mut m.model, &rule)?;
+            m.model.apply_input_rule(&rule)?;
             let attention = match (&rule.attention, m.model.input_sparse_attention()) {
                 (Some(a), true) => format!(", attention {:.0}%", a.fraction * 100.0),
                 _ => String::new(),

@@ -33,7 +33,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     if a.ctx < 2 || a.tokens < 2 {
         bail!("--ctx and --tokens must be at least 2");
     }
-    let sweep = parse_sweep(&a.sweep)?;
+    let sweep = &a.sweep;
     let settings = SparseSettings::from_args(&a.model)?;
     if !sweep.is_empty() && settings.artifact.is_none() {
         bail!("--sweep needs --powerinfer ARTIFACT (its quantiles set each point's thresholds)");
@@ -130,7 +130,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
 
     // The sweep: exact and trained at each target sparsity, from the artifact's quantiles.
     let (mut exact_pts, mut pred_pts) = (Vec::new(), Vec::new());
-    for &s in &sweep {
+    for &s in sweep {
         sp.use_exact(Some(s))?;
         let (p, layers) = sparse_run(&mut sp, &text, a.ctx)?;
         exact_pts.push((mean(&layers), p));
@@ -206,28 +206,6 @@ fn predictor_costs(sp: &Sparse) -> Vec<usize> {
         .collect()
 }
 
-/// `--sweep 0.2,0.3,...`: target sparsities in `[0, QUANTILE_MAX]`.
-fn parse_sweep(s: &Option<String>) -> Result<Vec<f64>> {
-    let Some(s) = s else {
-        return Ok(Vec::new());
-    };
-    s.split(',')
-        .map(|p| {
-            let v: f64 = p
-                .trim()
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--sweep {s}: `{p}` is not a number"))?;
-            if !(0.0..=powerinfer::analysis::QUANTILE_MAX).contains(&v) {
-                bail!(
-                    "--sweep {s}: {v} is outside [0, {}]",
-                    powerinfer::analysis::QUANTILE_MAX
-                );
-            }
-            Ok(v)
-        })
-        .collect()
-}
-
 /// `--input-rules`: each rule at each target, its split chosen on calibration text, its
 /// held-out perplexity and the share of FFN weight bytes skipped; with `--input-attention`, each
 /// point also at each attention fraction. A JSON line per point.
@@ -240,21 +218,11 @@ fn input_sweep(
     ppl_dense: f64,
 ) -> Result<()> {
     let rules = crate::input::parse_rules(rules)?;
-    let targets = crate::input::parse_targets(&a.input_sweep)?;
-    let split = a
-        .input_split
-        .as_deref()
-        .map(crate::input::Split::parse)
-        .transpose()?;
-    let attention = match &a.input_attention {
-        Some(s) => {
-            let mut v = crate::input::parse_targets(s)?;
-            v.retain(|&x| x > 0.0);
-            v.insert(0, 0.0);
-            v
-        }
-        None => vec![0.0],
-    };
+    let targets = &a.input_sweep;
+    let split = a.input_split;
+    let mut attention = a.input_attention.clone();
+    attention.retain(|&x| x > 0.0);
+    attention.insert(0, 0.0);
     let with_attention = attention.len() > 1;
     // One model per layout: up as columns (teal, wina, h) or as rows (chess).
     let mut models: [Option<crate::input::InputModel>; 2] = [None, None];
@@ -274,7 +242,7 @@ fn input_sweep(
             )?),
         };
         let mut points = vec![Vec::new(); attention.len()];
-        for &s in &targets {
+        for &s in targets {
             if with_attention {
                 im.set_attention(0.0)?;
             }

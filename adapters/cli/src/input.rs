@@ -1,23 +1,15 @@
 //! The input-sparse FFN (TEAL / WINA rules) in the CLI: calibration on speeches up to 1999, the
 //! choice of how a target FFN sparsity is split between gate, up and down, and its evaluation.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use powerinfer::analysis::Histogram;
 use powerinfer::{
-    AttentionRuleMeta, GreedyPath, InputRuleMeta, InputScore, InputScores, InputThresholds,
+    split_target, GreedyPath, InputRuleMeta, InputScore, InputScores, InputThresholds,
     WeightTraffic,
 };
-use powerinfer_candle::{FfnMode, Llama};
+use powerinfer_candle::{FfnMode, InputRuleOptions};
 
 use crate::common::{corpus_tokens, load, spinner, Loaded};
-
-/// The score the demo, `bench` and `analyze` use by default: TEAL's `|x|`. At the default
-/// target both rules skip the same bytes and TEAL held perplexity slightly better on SmolLM2, on
-/// held-out speeches and on license text (README); WINA stays a flag away.
-pub(crate) const DEFAULT_RULE: InputScore = InputScore::Magnitude;
-/// Mean fraction of gate, up and down entries the default rule drops (the share of FFN values
-/// not read; the bytes skipped are lower by the scale planes, which stay read).
-pub(crate) const DEFAULT_TARGET: f64 = 0.28;
 
 /// Loads `path` for the input rule: the input-sparse FFN, and with `attention` (GGUF files only)
 /// the attention projections on input-sparse columns.
@@ -36,35 +28,36 @@ pub(crate) fn load_input(
     )
 }
 
-/// How the default rule splits its target between gate, up and down.
-pub(crate) const DEFAULT_SPLIT: Split = Split::Down(1.5);
-
 /// Step of the greedy allocation (share of a matrix's entries per step).
 pub(crate) const GREEDY_STEP: f64 = 0.025;
 
-/// How a target share is split between gate, up and down.
+/// `--input-split`: how a target share is split between gate, up and down.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Split {
+pub enum Split {
     /// In every layer, down drops this multiple of the target; gate and up share the rest.
     Down(f64),
     /// TEAL's greedy allocation, per layer, by the FFN output error on sampled rows.
     Greedy,
 }
 
-impl Split {
+impl std::str::FromStr for Split {
+    type Err = String;
+
     /// `greedy`, or down's multiple (`1.5`).
-    pub fn parse(s: &str) -> Result<Self> {
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s.trim() {
             "greedy" => Ok(Split::Greedy),
             f => match f.parse::<f64>() {
                 Ok(f) if (0.0..=3.0).contains(&f) => Ok(Split::Down(f)),
-                _ => bail!(
+                _ => Err(format!(
                     "a split is `greedy` or down's multiple of the target in [0, 3], not `{s}`"
-                ),
+                )),
             },
         }
     }
+}
 
+impl Split {
     /// For tables and JSON: `greedy`, `down1.5x`.
     pub fn name(self) -> String {
         match self {
@@ -72,14 +65,6 @@ impl Split {
             Split::Greedy => "greedy".into(),
         }
     }
-}
-
-/// Fractions of (gate, up, down) entries dropped for a target `s` (three matrices of equal size)
-/// with down taking `f` times its share and gate and up sharing the rest.
-pub(crate) fn allocation(s: f64, f: f64) -> [f64; 3] {
-    let d = (f * s).min(0.95);
-    let gu = ((3.0 * s - d) / 2.0).clamp(0.0, 0.95);
-    [gu, gu, d]
 }
 
 /// The candidate splits: uniform, down taking 1.5x and 2x its share, and the greedy one.
@@ -93,7 +78,7 @@ pub(crate) const SPLITS: [Split; 4] = [
 /// Per-layer fractions of `split` at target `s`, the greedy ones read from `paths`.
 fn fractions(split: Split, s: f64, paths: &[GreedyPath]) -> Result<Vec<[f64; 3]>> {
     match split {
-        Split::Down(f) => Ok(vec![allocation(s, f); paths.len()]),
+        Split::Down(f) => Ok(vec![split_target(s, f); paths.len()]),
         Split::Greedy => paths
             .iter()
             .map(|p| p.at(s))
@@ -360,91 +345,6 @@ pub(crate) fn parse_rules(s: &str) -> Result<Vec<Rule>> {
         .collect()
 }
 
-/// Parses target sparsities in `[0, 0.95]`.
-pub(crate) fn parse_targets(s: &str) -> Result<Vec<f64>> {
-    let v: Vec<f64> = s
-        .split(',')
-        .map(|x| x.trim().parse::<f64>())
-        .collect::<std::result::Result<_, _>>()?;
-    if v.iter().any(|x| !(0.0..=0.95).contains(x)) {
-        bail!("input sparsity targets must lie in [0, 0.95]");
-    }
-    Ok(v)
-}
-
-/// The default rule calibrated on `calib` (windows of `ctx`): per-layer thresholds of
-/// [`DEFAULT_RULE`] at [`DEFAULT_TARGET`], split by [`DEFAULT_SPLIT`]; with `attention` > 0 also
-/// the attention projections' thresholds dropping that fraction (the model must have been loaded
-/// with them on columns).
-pub(crate) fn default_rule(
-    model: &mut Llama,
-    calib: &[u32],
-    ctx: usize,
-    attention: f64,
-) -> Result<InputRuleMeta> {
-    let scores = model.record_input_scores(calib, ctx, DEFAULT_RULE)?;
-    let fr = match DEFAULT_SPLIT {
-        Split::Greedy => fractions(
-            Split::Greedy,
-            DEFAULT_TARGET,
-            &model.greedy_input_allocation(&scores, DEFAULT_TARGET, GREEDY_STEP)?,
-        )?,
-        split => fractions(
-            split,
-            DEFAULT_TARGET,
-            &vec![GreedyPath::default(); scores.len()],
-        )?,
-    };
-    let thresholds: Vec<InputThresholds> = scores
-        .iter()
-        .zip(&fr)
-        .map(|(s, f)| s.thresholds(*f))
-        .collect::<Option<_>>()
-        .ok_or_else(|| anyhow::anyhow!("no calibration scores"))?;
-    let attention = if attention > 0.0 {
-        let hists = model.record_attention_scores(calib, ctx)?;
-        let t = |h: &Histogram| h.threshold_for_fraction(attention);
-        Some(AttentionRuleMeta {
-            fraction: attention,
-            thresholds: hists
-                .iter()
-                .map(|[qkv, o]| Some([t(qkv)?, t(o)?]))
-                .collect::<Option<_>>()
-                .ok_or_else(|| anyhow::anyhow!("no attention calibration scores"))?,
-        })
-    } else {
-        None
-    };
-    Ok(InputRuleMeta {
-        attention,
-        score: DEFAULT_RULE.name().into(),
-        target: DEFAULT_TARGET,
-        allocation: mean(&fr),
-        layer_allocations: if matches!(DEFAULT_SPLIT, Split::Greedy) {
-            fr
-        } else {
-            Vec::new()
-        },
-        tokens: calib.len() as u64,
-        thresholds,
-    })
-}
-
-/// Sets `rule` on every layer of `model`.
-pub(crate) fn apply(model: &mut Llama, rule: &InputRuleMeta) -> Result<()> {
-    model.set_input_rule(rule.input_score()?, &rule.thresholds)?;
-    match (&rule.attention, model.input_sparse_attention()) {
-        (Some(a), true) => model.set_attention_rule(&a.thresholds)?,
-        (Some(_), false) => tracing::warn!(
-            "the rule's attention thresholds are not used: pass --attention-sparsity to run the attention projections on input-sparse columns"
-        ),
-        (None, _) => {}
-    }
-    model.take_ffn_traffic();
-    model.take_attention_traffic();
-    Ok(())
-}
-
 /// The rule `bench` and the demo run on `model`: the artifact's (`--powerinfer`, format version
 /// 2, checked against the model file) or the default calibrated now on `calibration` tokens of
 /// speeches up to 1999.
@@ -465,7 +365,11 @@ pub(crate) fn rule_for(
         );
     }
     let calib = corpus_tokens(&m.tok, 1790..=1999, settings.calibration_tokens)?;
-    default_rule(&mut m.model, &calib, 512, settings.attention_sparsity)
+    let opts = InputRuleOptions {
+        attention: settings.attention_sparsity,
+        ..Default::default()
+    };
+    Ok(m.model.calibrate_input_rule(&calib, 512, &opts)?)
 }
 
 #[cfg(test)]
@@ -475,10 +379,10 @@ mod tests {
 
     #[test]
     fn splits_parse_and_give_fractions() {
-        assert_eq!(Split::parse("greedy").unwrap(), Split::Greedy);
-        assert_eq!(Split::parse(" 1.5").unwrap(), Split::Down(1.5));
+        assert_eq!("greedy".parse(), Ok(Split::Greedy));
+        assert_eq!(" 1.5".parse(), Ok(Split::Down(1.5)));
         for bad in ["", "down", "-1", "4", "NaN"] {
-            assert!(Split::parse(bad).is_err(), "{bad}");
+            assert!(bad.parse::<Split>().is_err(), "{bad}");
         }
         let fr = fractions(Split::Down(1.5), 0.2, &vec![GreedyPath::default(); 2]).unwrap();
         assert_eq!(fr.len(), 2);

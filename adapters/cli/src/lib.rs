@@ -2,6 +2,7 @@
 //! in the modules below, so tests can call them without a process.
 
 mod analyze;
+mod args;
 mod bench;
 mod common;
 mod demo;
@@ -14,7 +15,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub use args::{Budget, Storage};
 pub use common::{load, Loaded, SparseSettings};
+pub use input::Split;
 pub use plots::{
     bytes_perplexity, frequency_curves, frequency_heatmap, placement_split, sparsity_perplexity,
     Series, SplitLayer,
@@ -62,12 +65,12 @@ pub struct AnalyzeArgs {
     pub calibration: Vec<PathBuf>,
     /// Store the input rule with input sparsity on the attention projections too (GGUF
     /// files): this fraction of the q/k/v and o input entries dropped (0: none).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = args::input_fraction)]
     pub attention_sparsity: f64,
     /// Fast-tier byte budget for hot neurons and predictors: bytes with an optional K/M/G
     /// suffix, or `auto` (without a GPU: half the FFN weights plus the predictors).
     #[arg(long, default_value = "auto")]
-    pub budget: String,
+    pub budget: Budget,
     /// FFN sparsity the per-layer `|h|` thresholds (what "active" means) are chosen for.
     #[arg(long, default_value_t = 0.4)]
     pub target_sparsity: f64,
@@ -129,7 +132,7 @@ pub struct ModelArgs {
     /// Storage of the sparse FFN weights: native (GGUF blocks kept as in the file; safetensors:
     /// f16), f32, f16, bf16, q4_0, q4_1 or q8_0.
     #[arg(long, default_value = "native")]
-    pub storage: String,
+    pub storage: Storage,
     /// CPU threads of the sparse FFN (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -143,13 +146,13 @@ pub struct ModelArgs {
     pub powerinfer: Option<PathBuf>,
     /// With `--powerinfer`: set the predictors' score thresholds for this FFN sparsity (from the
     /// artifact's validation quantiles) instead of its target-recall thresholds.
-    #[arg(long)]
+    #[arg(long, value_parser = args::quantile_sparsity)]
     pub predictor_sparsity: Option<f64>,
     /// The input rule (`demo`, `bench`'s `input` row, `analyze`) with input sparsity on the
     /// attention projections too (GGUF files): this fraction of the q/k/v and o input entries
     /// dropped. Default 0: on SmolLM2 it held perplexity but its column products were slower
     /// than the dense rows at this size (README).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = args::input_fraction)]
     pub attention_sparsity: f64,
 }
 
@@ -239,8 +242,8 @@ pub struct EvalArgs {
     /// With `--powerinfer`: target sparsities (e.g. `0.2,0.3,0.4,0.5,0.6`) at which to measure
     /// exact thresholding and the trained predictors; draws the sparsity-perplexity picture next
     /// to the artifact.
-    #[arg(long)]
-    pub sweep: Option<String>,
+    #[arg(long, value_delimiter = ',', value_parser = args::quantile_sparsity)]
+    pub sweep: Vec<f64>,
     /// Evaluate the input-sparse FFN instead: these rules side by side (`teal`: `|x|`; `wina`:
     /// `|x| * ||column||`; `h`: `|h|` on down alone; `chess`: gate first, then up and down only
     /// for the neurons whose `|act(g)| E|u|` passes), each calibrated on speeches up to 1999,
@@ -249,19 +252,24 @@ pub struct EvalArgs {
     pub input_rules: Option<String>,
     /// Targets for `--input-rules`: mean fractions of gate, up and down entries dropped (e.g.
     /// `0.1,0.2,0.3`; the FFN bytes skipped come out lower by the scale planes).
-    #[arg(long, default_value = "0.1,0.2,0.25,0.3,0.35")]
-    pub input_sweep: String,
+    #[arg(
+        long,
+        default_value = "0.1,0.2,0.25,0.3,0.35",
+        value_delimiter = ',',
+        value_parser = args::input_fraction
+    )]
+    pub input_sweep: Vec<f64>,
     /// How each target is split between gate, up and down: `greedy` (TEAL's per-layer greedy
     /// allocation) or down's share as a multiple of the target (`1.5`: gate and up share the
     /// rest). Without it, `eval` picks among 1, 1.5, 2 and greedy on calibration text.
     #[arg(long, value_name = "SPLIT")]
-    pub input_split: Option<String>,
+    pub input_split: Option<input::Split>,
     /// With `--input-rules`: input sparsity on the attention projections too (`|x|` on the
     /// q/k/v input and on the o input), at these fractions of entries dropped (e.g.
     /// `0.1,0.2,0.3`), each on top of every FFN target; `0` is always included. The picture's x
     /// axis is then the share of all projection weight bytes (FFN and attention) skipped.
-    #[arg(long, value_name = "FRACTIONS")]
-    pub input_attention: Option<String>,
+    #[arg(long, value_name = "FRACTIONS", value_delimiter = ',', value_parser = args::input_fraction)]
+    pub input_attention: Vec<f64>,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,

@@ -53,7 +53,7 @@ fn bad_flags_and_files() {
     );
     let d = temp("files");
     let trunc = d.join("truncated.gguf");
-    let src = powerinfer_candle::fetch::smollm2(&mut |_| ()).unwrap();
+    let src = powerinfer_data::smollm2(&mut |_| ()).unwrap();
     let bytes = std::fs::read(&src).unwrap();
     std::fs::write(&trunc, &bytes[..bytes.len() / 3]).unwrap();
     fails_with(
@@ -276,7 +276,7 @@ fn analyze_then_use_the_artifact() {
     assert!(input["bytes_per_token"].as_f64().unwrap() > 0.0);
 
     // A different model file (one byte changed) refuses the artifact.
-    let src = powerinfer_candle::fetch::smollm2(&mut |_| ()).unwrap();
+    let src = powerinfer_data::smollm2(&mut |_| ()).unwrap();
     let mut bytes = std::fs::read(&src).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
@@ -328,7 +328,7 @@ fn analyze_then_use_the_artifact() {
         ],
         "not a valid safetensors file",
     );
-    fails_with(&["analyze", "--budget", "0"], "--budget 0");
+    fails_with(&["analyze", "--budget", "0"], "'0' for '--budget");
     fails_with(
         &["analyze", "--attention-sparsity", "1"],
         "--attention-sparsity",
@@ -342,6 +342,8 @@ fn analyze_then_use_the_artifact() {
         &["eval", "--text", "/nonexistent/held-out.txt"],
         "reading /nonexistent/held-out.txt",
     );
-    fails_with(&["analyze", "--budget", "12Q"], "--budget 12Q");
+    fails_with(&["analyze", "--budget", "12Q"], "'12Q' for '--budget");
+    fails_with(&["eval", "--sweep", "0.2,0.99"], "for '--sweep");
+    fails_with(&["eval", "--input-sweep", "0.2,x"], "`x` is not a number");
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -33,27 +33,9 @@ pub const ENV_SPARSITY: &str = "MISTRALRS_POWERINFER_SPARSITY";
 /// Threads of the sparse FFN (default: all cores).
 pub const ENV_THREADS: &str = "MISTRALRS_POWERINFER_THREADS";
 
-/// Which neurons each layer computes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Neurons {
-    /// Every neuron, through the sparse kernels (the dense-equivalent setting).
-    All,
-    /// Exact thresholding: neuron `i` runs when `|act(gate_i) * up_i| > threshold` (ReLU:
-    /// `act(gate_i) > threshold`), computed inline. Threshold 0 is exact for ReLU models.
-    GateFirst(f32),
-    /// Trained low-rank predictors and placement from a `powerinfer analyze` artifact. The
-    /// artifact is checked against the model file it was made from.
-    Artifact {
-        /// The `.powerinfer` file.
-        path: PathBuf,
-        /// Score thresholds for this FFN sparsity instead of the stored target-recall ones.
-        predictor_sparsity: Option<f64>,
-    },
-    /// The input-sparse FFN on the file's exact weights (column-major, GGUF blocks kept): with
-    /// an artifact (format version 2), the TEAL/WINA rule calibrated in it, checked against the
-    /// model file; without one, every input kept (the dense FFN's result).
-    Input(Option<PathBuf>),
-}
+/// Which neurons each layer computes: the engine's own setting, shared with the candle loader
+/// and the CLI (same string forms).
+pub use powerinfer::Neurons;
 
 /// How mistral.rs builds its FFN blocks while the configuration is enabled.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,10 +49,7 @@ pub struct PowerInferConfig {
 impl PowerInferConfig {
     /// Trained predictors and placement from an artifact.
     pub fn artifact(path: impl Into<PathBuf>) -> Self {
-        Self::new(Neurons::Artifact {
-            path: path.into(),
-            predictor_sparsity: None,
-        })
+        Self::new(Neurons::artifact(path))
     }
 
     /// The input-sparse FFN: `artifact`'s calibrated rule, or every input kept.
@@ -88,7 +67,8 @@ impl PowerInferConfig {
         Self::new(Neurons::GateFirst(threshold))
     }
 
-    fn new(neurons: Neurons) -> Self {
+    /// The configuration running `neurons` on all cores.
+    pub fn new(neurons: Neurons) -> Self {
         PowerInferConfig {
             neurons,
             threads: None,
@@ -119,19 +99,10 @@ impl PowerInferConfig {
             return Ok(None);
         };
         let v = v.to_string_lossy().into_owned();
-        let mut cfg = match v.as_str() {
-            "all" => Self::all_neurons(),
-            "input" => Self::input(None),
-            s if s.starts_with("input:") => Self::input(Some(PathBuf::from(&s["input:".len()..]))),
-            s if s.starts_with("gate-first:") => {
-                let t = &s["gate-first:".len()..];
-                Self::gate_first(
-                    t.parse()
-                        .map_err(|_| bad(format!("{ENV_CONFIG}={s}: `{t}` is not a threshold")))?,
-                )
-            }
-            path => Self::artifact(path),
-        };
+        let neurons: Neurons = v
+            .parse()
+            .map_err(|e| bad(format!("{ENV_CONFIG}={v}: {e}")))?;
+        let mut cfg = Self::new(neurons);
         if let Some(s) = env_parse::<f64>(ENV_SPARSITY)? {
             if !matches!(cfg.neurons, Neurons::Artifact { .. }) {
                 return Err(bad(format!(
@@ -428,7 +399,7 @@ pub(crate) fn gguf_mlp(
     cpu_only(layer, &gate.device())?;
     let (n, h) = gate.shape().dims2()?;
     let spec =
-        powerinfer::FfnSpec::new(h, n, powerinfer::Activation::Silu, true).map_err(engine_err)?;
+        powerinfer::FfnSpec::gated(h, n, powerinfer::Activation::Silu).map_err(engine_err)?;
     if let Neurons::Input(_) = plan.config.neurons {
         let ffn = powerinfer::InputSparseFfn::from_qtensors(
             spec,
@@ -472,7 +443,7 @@ pub(crate) fn safetensors_mlp(
     let g = get("gate_proj", (intermediate, hidden))?;
     let u = get("up_proj", (intermediate, hidden))?;
     let d = get("down_proj", (hidden, intermediate))?;
-    let spec = powerinfer::FfnSpec::new(hidden, intermediate, engine_activation(act)?, true)
+    let spec = powerinfer::FfnSpec::gated(hidden, intermediate, engine_activation(act)?)
         .map_err(engine_err)?;
     if let Neurons::Input(_) = plan.config.neurons {
         let storage = match vb.dtype() {

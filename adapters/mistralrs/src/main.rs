@@ -96,7 +96,7 @@ struct ModelArgs {
     /// `input` (the input-sparse FFN keeping every input) or `input:ARTIFACT` (the artifact's
     /// calibrated input rule).
     #[arg(long, default_value = "all")]
-    powerinfer: String,
+    powerinfer: Neurons,
     /// With an artifact: the predictors' score thresholds for this FFN sparsity.
     #[arg(long)]
     predictor_sparsity: Option<f64>,
@@ -107,19 +107,7 @@ struct ModelArgs {
 
 impl ModelArgs {
     fn sparse(&self) -> Result<PowerInferConfig> {
-        let mut cfg = match self.powerinfer.as_str() {
-            "all" => PowerInferConfig::all_neurons(),
-            "input" => PowerInferConfig::input(None),
-            s if s.starts_with("input:") => {
-                PowerInferConfig::input(Some(PathBuf::from(&s["input:".len()..])))
-            }
-            s if s.starts_with("gate-first:") => PowerInferConfig::gate_first(
-                s["gate-first:".len()..]
-                    .parse()
-                    .map_err(|_| anyhow::anyhow!("--powerinfer {s}: not a threshold"))?,
-            ),
-            path => PowerInferConfig::artifact(path),
-        };
+        let mut cfg = PowerInferConfig::new(self.powerinfer.clone());
         if let Some(s) = self.predictor_sparsity {
             anyhow::ensure!(
                 matches!(cfg.neurons, Neurons::Artifact { .. }),

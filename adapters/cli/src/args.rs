@@ -1,0 +1,97 @@
+//! Typed flag values: clap parses them, so a bad value is refused with the flag's name before a
+//! command runs.
+
+use std::str::FromStr;
+
+use powerinfer::WeightDType;
+
+/// `--storage`: `native` (as the file stores the weights) or a [`WeightDType`] name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Storage(pub Option<WeightDType>);
+
+impl FromStr for Storage {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "native" {
+            return Ok(Storage(None));
+        }
+        s.parse::<WeightDType>()
+            .map(|d| Storage(Some(d)))
+            .map_err(|_| format!("expected native, f32, f16, bf16, q4_0, q4_1 or q8_0, not `{s}`"))
+    }
+}
+
+/// `--budget`: bytes with an optional K/M/G suffix (powers of 1024), or `auto` (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Budget(pub Option<u64>);
+
+impl FromStr for Budget {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(Budget(None));
+        }
+        let t = s.trim().to_ascii_uppercase();
+        let (num, mult) = match t.as_bytes().last() {
+            Some(b'K') => (&t[..t.len() - 1], 1u64 << 10),
+            Some(b'M') => (&t[..t.len() - 1], 1 << 20),
+            Some(b'G') => (&t[..t.len() - 1], 1 << 30),
+            _ => (t.as_str(), 1),
+        };
+        let v: f64 = num
+            .parse()
+            .map_err(|_| format!("expected bytes (e.g. 64M) or `auto`, not `{s}`"))?;
+        let bytes = v * mult as f64;
+        if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
+            return Err(format!("`{s}` must be at least 1 byte"));
+        }
+        Ok(Budget(Some(bytes as u64)))
+    }
+}
+
+/// A fraction in `[0, hi]`.
+fn fraction(s: &str, hi: f64) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if !(0.0..=hi).contains(&v) {
+        return Err(format!("{v} is outside [0, {hi}]"));
+    }
+    Ok(v)
+}
+
+/// A sparsity the artifact's stored quantiles reach (`--sweep`, `--predictor-sparsity`).
+pub fn quantile_sparsity(s: &str) -> Result<f64, String> {
+    fraction(s, powerinfer::analysis::QUANTILE_MAX)
+}
+
+/// A share of input entries an input rule drops (`--input-sweep`, `--input-attention`,
+/// `--attention-sparsity`).
+pub fn input_fraction(s: &str) -> Result<f64, String> {
+    fraction(s, 0.95)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_and_budget_parse() {
+        assert_eq!("native".parse(), Ok(Storage(None)));
+        assert_eq!("q4_1".parse(), Ok(Storage(Some(WeightDType::Q4_1))));
+        assert!("q5_k".parse::<Storage>().is_err());
+        assert_eq!("auto".parse(), Ok(Budget(None)));
+        assert_eq!("16M".parse(), Ok(Budget(Some(16 << 20))));
+        assert_eq!("1.5k".parse(), Ok(Budget(Some(1536))));
+        assert_eq!("4096".parse(), Ok(Budget(Some(4096))));
+        for bad in ["0", "-1M", "M", "1T", "nan", "inf"] {
+            assert!(bad.parse::<Budget>().is_err(), "{bad}");
+        }
+        assert_eq!(quantile_sparsity("0.5"), Ok(0.5));
+        assert!(quantile_sparsity("0.99").is_err());
+        assert!(input_fraction("x").is_err());
+    }
+}
