@@ -1,11 +1,10 @@
 //! Loading llama-family models: GGUF files (FFN kept in its GGUF quantization for the dense
 //! path) and HF safetensors directories (`config.json` + `*.safetensors`).
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use powerinfer::{
@@ -16,6 +15,7 @@ use powerinfer::{
 use crate::config::LlamaConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::fused::{Decoder, Embed, KernelFfn};
+use crate::gguf::{qlinear, GgufFile};
 use crate::model::{Attention, DenseFfn, Ffn, Layer, Linear, Llama, Projection, RmsNorm};
 
 /// How each layer's FFN is built.
@@ -135,156 +135,6 @@ fn float_bundles(spec: FfnSpec, storage: WeightDType, w: [Tensor; 3]) -> Result<
         FfnWeights::gated(&g, &u, &d),
         storage,
     )?)
-}
-
-/// A GGUF file opened for reading: its metadata and where it lives.
-#[derive(Debug)]
-pub struct GgufFile {
-    /// Parsed header, metadata and tensor index.
-    pub content: gguf_file::Content,
-    /// `GGUF`, or PowerInfer's `PWRI` (a llama file PowerInfer runs sparse: ReLU FFN,
-    /// `ffn_down_t`, predictors).
-    pub magic: powerinfer::format::GgufMagic,
-    path: std::path::PathBuf,
-    file: File,
-}
-
-impl GgufFile {
-    /// Opens and checks a GGUF file: header, metadata, and that every tensor lies inside the file
-    /// (a truncated download is reported here, naming the first tensor cut off).
-    pub fn open(path: &Path) -> Result<Self> {
-        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-        let (magic, content) = crate::pwri::read_header(&mut file, path)?;
-        for (name, info) in &content.tensor_infos {
-            let elems = info.shape.elem_count();
-            let bytes = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-            let end = content.tensor_data_offset + info.offset + bytes as u64;
-            if end > len {
-                return Err(Error::format(
-                    path,
-                    format!("truncated: tensor `{name}` ends at byte {end}, file has {len}"),
-                ));
-            }
-        }
-        Ok(GgufFile {
-            content,
-            magic,
-            path: path.to_path_buf(),
-            file,
-        })
-    }
-
-    /// A linear layer `{name}.weight` (kept quantized) with `{name}.bias` if present: powerinfer's
-    /// `QLinear` on `threads` threads when given and the block type allows, else candle's matmul.
-    pub fn linear(&mut self, name: &str, powerinfer_threads: Option<usize>) -> Result<Linear> {
-        let w = self.tensor(&format!("{name}.weight"))?;
-        let b = self.bias(name)?;
-        if let Some(t) = powerinfer_threads {
-            if let Ok(l) = powerinfer::QLinear::new(&w, b.as_ref(), t) {
-                return Ok(Linear::Powerinfer(std::sync::Arc::new(l)));
-            }
-        }
-        qlinear(w, b)
-    }
-
-    /// `{name}.bias` dequantized, if the file has it.
-    pub fn bias(&mut self, name: &str) -> Result<Option<Tensor>> {
-        let bias = format!("{name}.bias");
-        if self.content.tensor_infos.contains_key(&bias) {
-            Ok(Some(self.dequantized(&bias)?))
-        } else {
-            Ok(None)
-        }
-    }
-
-    /// `{prefix}.{part}.weight` for each part (same block type and width), output features
-    /// stacked in order, as one powerinfer `QLinear` on `threads` threads; the parts' biases
-    /// (zeros where a part has none) stacked the same way.
-    pub fn stacked(
-        &mut self,
-        prefix: &str,
-        parts: &[&str],
-        threads: usize,
-    ) -> Result<powerinfer::QLinear> {
-        let (ws, bias) = self.stacked_parts(prefix, parts)?;
-        let refs: Vec<_> = ws.iter().collect();
-        Ok(powerinfer::QLinear::stacked(&refs, bias.as_ref(), threads)?)
-    }
-
-    /// As [`GgufFile::stacked`], as an `InputSparseLinear` (column-major, threshold 0).
-    pub fn stacked_columns(
-        &mut self,
-        prefix: &str,
-        parts: &[&str],
-        threads: usize,
-    ) -> Result<powerinfer::InputSparseLinear> {
-        let (ws, bias) = self.stacked_parts(prefix, parts)?;
-        let refs: Vec<_> = ws.iter().collect();
-        Ok(powerinfer::InputSparseLinear::from_qtensors(
-            &refs,
-            bias.as_ref(),
-            threads,
-            None,
-        )?)
-    }
-
-    /// The parts' weights and their stacked biases (`None` when no part has one).
-    fn stacked_parts(
-        &mut self,
-        prefix: &str,
-        parts: &[&str],
-    ) -> Result<(Vec<QTensor>, Option<Tensor>)> {
-        let mut ws = Vec::with_capacity(parts.len());
-        let mut biases = Vec::with_capacity(parts.len());
-        for part in parts {
-            let name = format!("{prefix}.{part}");
-            let w = self.tensor(&format!("{name}.weight"))?;
-            biases.push((
-                w.shape().dims().first().copied().unwrap_or(0),
-                self.bias(&name)?,
-            ));
-            ws.push(w);
-        }
-        let bias = if biases.iter().any(|b| b.1.is_some()) {
-            let parts = biases
-                .into_iter()
-                .map(|(n, b)| match b {
-                    Some(b) => Ok(b.to_dtype(DType::F32)?),
-                    None => Ok(Tensor::zeros(n, DType::F32, &Device::Cpu)?),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(Tensor::cat(&parts, 0)?)
-        } else {
-            None
-        };
-        Ok((ws, bias))
-    }
-
-    /// A tensor dequantized to f32.
-    pub fn dequantized(&mut self, name: &str) -> Result<Tensor> {
-        Ok(self.tensor(name)?.dequantize(&Device::Cpu)?)
-    }
-
-    /// Reads a tensor, or a typed error naming it.
-    pub fn tensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
-        if let Some(t) = crate::pwri::down_from_transposed(self, name)? {
-            return Ok(t);
-        }
-        if !self.content.tensor_infos.contains_key(name) {
-            return Err(ErrorKind::MissingTensor { name: name.into() }.into());
-        }
-        self.content
-            .tensor(&mut self.file, name, &Device::Cpu)
-            .map_err(|e| Error::format(&self.path, format!("tensor `{name}`: {e}")))
-    }
-}
-
-fn qlinear(q: candle_core::quantized::QTensor, b: Option<Tensor>) -> Result<Linear> {
-    Ok(Linear::Candle {
-        w: QMatMul::from_qtensor(q)?,
-        b,
-    })
 }
 
 fn norm(w: Tensor, eps: f64) -> Result<RmsNorm> {

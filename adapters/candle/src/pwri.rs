@@ -13,7 +13,7 @@ use powerinfer::{Activation, LayerPlacement, RowRms};
 
 use crate::config::LlamaConfig;
 use crate::error::{check_count, Error, Result};
-use crate::load::GgufFile;
+use crate::gguf::GgufFile;
 use crate::model::{Ffn, Llama};
 
 /// Reads a GGUF header whose magic is `GGUF` or `PWRI`; file-level problems (magic, truncation,
