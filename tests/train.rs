@@ -2,7 +2,7 @@
 //! low-rank rule: neuron `i` fires when `(A B x)_i > 0`.
 
 use candle_core::{Device, Module, Tensor};
-use powerinfer::analysis::{train_low_rank, Samples, TrainOptions};
+use powerinfer::analysis::{predictor_bytes, train_low_rank, Samples, TrainOptions};
 use powerinfer::{Activation, FfnSpec, FfnWeights, HybridFfn, HybridOptions, Oracle, WeightDType};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -117,7 +117,13 @@ fn training_recovers_a_planted_relu_rule() {
     // Fresh rows through the real engine path: the trained `LowRank` inside `HybridFfn`, audited
     // against the exact sets. Recall holds out of sample, and precision shows it learned the
     // rule (a predictor that ignores x gets precision near the base rate, about 0.5).
-    let ffn = hybrid(&l).with_predictor(t.predictor(HIDDEN).unwrap());
+    // The budget cost the analysis pipeline checks before training is the trained predictor's,
+    // and the predictor the engine runs reports the same bytes.
+    let bytes = predictor_bytes(HIDDEN, N, opts.rank);
+    assert_eq!(t.stored_bytes(), bytes);
+    let p = t.predictor(HIDDEN).unwrap();
+    assert_eq!(powerinfer::Predictor::weight_bytes(&p) as u64, bytes);
+    let ffn = hybrid(&l).with_predictor(p);
     ffn.enable_audit(0.0);
     let test = rows(3, 2000);
     let flat: Vec<f32> = test.concat();

@@ -21,13 +21,14 @@ trap 'rm -rf "$work"' EXIT
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
 step "model and a small artifact (powerinfer analyze)"
-cargo build --release -q -p powerinfer-cli --manifest-path "$root/Cargo.toml"
+# The whole workspace's bins and examples: the same units (and features) `cargo test --release
+# --workspace` built, so after it this compiles nothing.
+cargo build --release -q --workspace --bins --examples --manifest-path "$root/Cargo.toml"
 "$CARGO_TARGET_DIR/release/powerinfer" analyze --tokens 8192 --threshold-tokens 2048 --train-rows 2048 \
     --val-rows 512 --epochs 2 --rank 32 --ctx 256 --budget 16M --out "$work/smollm2.powerinfer" \
     2>"$work/analyze.log" | grep -v '^{' | tail -n 3
 model="${POWERINFER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/powerinfer}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-cargo run --release -q -p powerinfer-candle --example gguf_to_hf \
-    --manifest-path "$root/Cargo.toml" -- "$model" "$work/smollm2-hf"
+"$CARGO_TARGET_DIR/release/examples/gguf_to_hf" "$model" "$work/smollm2-hf"
 
 step "patch mistralrs-core"
 "$here/patch/apply.sh"

@@ -6,5 +6,6 @@ mod train;
 
 pub use profile::{ActivationStats, Histogram, PredictorAudit};
 pub use train::{
-    train_low_rank, PredictorQuality, Samples, TrainOptions, Trained, QUANTILE_MAX, QUANTILE_STEPS,
+    predictor_bytes, train_low_rank, PredictorQuality, Samples, TrainOptions, Trained,
+    QUANTILE_MAX, QUANTILE_STEPS,
 };

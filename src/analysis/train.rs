@@ -275,6 +275,13 @@ pub struct Trained {
     pub losses: Vec<f64>,
 }
 
+/// Bytes a rank-`rank` low-rank predictor for an FFN of `hidden` inputs and `intermediate`
+/// neurons takes in memory and in a placement budget ([`Trained::stored_bytes`] of one trained
+/// with that rank), known before training.
+pub fn predictor_bytes(hidden: usize, intermediate: usize, rank: usize) -> u64 {
+    crate::predict::stored_bytes(rank * hidden, intermediate * rank, intermediate) as u64
+}
+
 impl Trained {
     /// Bytes the predictor takes in memory and in a placement budget (what
     /// [`crate::Predictor::weight_bytes`] of [`Trained::predictor`] reports).

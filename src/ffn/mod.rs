@@ -95,7 +95,6 @@ impl FfnSpec {
     }
 }
 
-
 /// The FFN weights of one layer, neuron-major: neuron `i` owns the contiguous slice
 /// `[gate_i | up_i | down^T_i]` (or `[up_i | down^T_i]` ungated), each `hidden` long.
 ///

@@ -71,7 +71,7 @@ impl FromStr for Neurons {
                 } else if let Some(t) = s.strip_prefix("gate-first:") {
                     let v: f32 = t
                         .parse()
-                        .map_err(|_| bad(format!("`{t}` in `{s}` is not a threshold")))?;
+                        .map_err(|_| bad(format!("`{t}` is not a threshold (in `{s}`)")))?;
                     if !(v.is_finite() && v >= 0.0) {
                         return Err(bad(format!("threshold {v} must be finite and >= 0")));
                     }
@@ -92,6 +92,51 @@ impl fmt::Display for Neurons {
             Neurons::Input(None) => f.write_str("input"),
             Neurons::Input(Some(p)) => write!(f, "input:{}", p.display()),
             Neurons::Artifact { path, .. } => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn string_forms_round_trip() {
+        for (s, n) in [
+            ("all", Neurons::All),
+            ("gate-first:0.25", Neurons::GateFirst(0.25)),
+            ("input", Neurons::Input(None)),
+            (
+                "input:/a/m.powerinfer",
+                Neurons::Input(Some("/a/m.powerinfer".into())),
+            ),
+            ("/a/m.powerinfer", Neurons::artifact("/a/m.powerinfer")),
+        ] {
+            assert_eq!(s.parse::<Neurons>().unwrap(), n, "{s}");
+            assert_eq!(n.to_string(), s);
+        }
+        assert_eq!(
+            Neurons::artifact("x").artifact_path(),
+            Some(std::path::Path::new("x"))
+        );
+        assert_eq!(Neurons::All.artifact_path(), None);
+    }
+
+    #[test]
+    fn bad_forms_are_config_errors_naming_the_value() {
+        for (s, named) in [
+            ("", "empty"),
+            ("input:", "names no artifact"),
+            ("gate-first:abc", "`abc` is not a threshold"),
+            ("gate-first:-1", "must be finite"),
+            ("gate-first:NaN", "must be finite"),
+        ] {
+            let e = s.parse::<Neurons>().unwrap_err();
+            assert!(
+                matches!(e.kind(), crate::ErrorKind::Config { setting, .. } if setting == "neurons"),
+                "{s}: {e}"
+            );
+            assert!(e.to_string().contains(named), "{s}: {e}");
         }
     }
 }

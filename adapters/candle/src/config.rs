@@ -181,14 +181,10 @@ impl LlamaConfig {
 
 /// Maps an HF `hidden_act` name to an activation; unknown names are a typed error.
 pub fn activation_from_name(name: &str) -> Result<Activation> {
-    match name {
-        "silu" | "swish" => Ok(Activation::Silu),
-        "relu" => Ok(Activation::Relu),
-        "gelu" => Ok(Activation::Gelu),
-        "gelu_pytorch_tanh" | "gelu_new" => Ok(Activation::GeluTanh),
-        _ => Err(ErrorKind::UnknownActivation {
+    name.parse().map_err(|_| {
+        ErrorKind::UnknownActivation {
             name: name.to_string(),
         }
-        .into()),
-    }
+        .into()
+    })
 }

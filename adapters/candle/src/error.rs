@@ -123,7 +123,7 @@ impl fmt::Display for Error {
             ErrorKind::MissingKey { key } => write!(f, "missing or invalid key `{key}`"),
             ErrorKind::UnknownActivation { name } => write!(
                 f,
-                "unknown activation `{name}` (supported: silu, relu, gelu, gelu_pytorch_tanh, gelu_new)"
+                "unknown activation `{name}` (supported: silu, swish, relu, drelu, gelu, gelu_tanh, gelu_pytorch_tanh, gelu_new)"
             ),
             ErrorKind::Tokenizer(e) => write!(f, "tokenizer: {e}"),
             ErrorKind::Prompt { reason } => write!(f, "prompt: {reason}"),

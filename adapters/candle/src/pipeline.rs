@@ -6,7 +6,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use powerinfer::analysis::{
-    train_low_rank, ActivationStats, Samples, TrainOptions, Trained, QUANTILE_MAX, QUANTILE_STEPS,
+    predictor_bytes, train_low_rank, ActivationStats, Samples, TrainOptions, Trained, QUANTILE_MAX,
+    QUANTILE_STEPS,
 };
 use powerinfer::{
     plan_placement, Artifact, ArtifactMeta, CalibrationSummary, Error as EngineError, FfnSpec,
@@ -166,6 +167,24 @@ pub fn analyze(
     let storage = native_storage(path)?;
     let (mut model, _) = crate::open(path, &FfnMode::Analysis)?;
     let cfg = model.config().clone();
+    // The budget is checked before any calibration: predictors and one neuron must fit.
+    let spec = FfnSpec::gated(cfg.hidden, cfg.intermediate, cfg.activation)?;
+    let neuron_bytes = spec.neuron_bytes(storage) as u64;
+    let ffn_bytes = neuron_bytes * (cfg.intermediate * cfg.layers) as u64;
+    let predictor_bytes =
+        predictor_bytes(cfg.hidden, cfg.intermediate, opts.train.rank) * cfg.layers as u64;
+    let budget = opts.budget.unwrap_or(ffn_bytes / 2 + predictor_bytes);
+    if budget < predictor_bytes + neuron_bytes {
+        return Err(EngineError::from(powerinfer::ErrorKind::Budget {
+            budget,
+            reason: format!(
+                "the predictors alone take {predictor_bytes} bytes and one neuron \
+                 {neuron_bytes}; give at least {}",
+                predictor_bytes + neuron_bytes
+            ),
+        })
+        .into());
+    }
 
     // 1. Per-layer |h| thresholds for the target sparsity, and the quantiles kept for sweeps.
     let head = &tokens[..opts.threshold_tokens.min(tokens.len())];
@@ -222,23 +241,8 @@ pub fn analyze(
         trained.push((t, train.len(), val.len()));
     }
 
-    // 4. Placement under the budget, predictors counted first.
-    let spec = FfnSpec::gated(cfg.hidden, cfg.intermediate, cfg.activation)?;
-    let neuron_bytes = spec.neuron_bytes(storage) as u64;
-    let predictor_bytes: u64 = trained.iter().map(|(t, _, _)| t.stored_bytes()).sum();
-    let ffn_bytes = neuron_bytes * (cfg.intermediate * cfg.layers) as u64;
-    let budget = opts.budget.unwrap_or(ffn_bytes / 2 + predictor_bytes);
-    if budget < predictor_bytes + neuron_bytes {
-        return Err(EngineError::from(powerinfer::ErrorKind::Budget {
-            budget,
-            reason: format!(
-                "the predictors alone take {predictor_bytes} bytes and one neuron \
-                 {neuron_bytes}; give at least {}",
-                predictor_bytes + neuron_bytes
-            ),
-        })
-        .into());
-    }
+    // 4. Placement under the budget, predictors counted first (a trained predictor's size is
+    // `predictor_bytes`, checked above: `tests/train.rs`).
     let frequencies: Vec<Vec<f64>> = profile.stats.iter().map(|s| s.frequencies()).collect();
     let placement = plan_placement(
         &frequencies,

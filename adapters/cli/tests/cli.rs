@@ -344,6 +344,19 @@ fn analyze_then_use_the_artifact() {
     );
     fails_with(&["analyze", "--budget", "12Q"], "'12Q' for '--budget");
     fails_with(&["eval", "--sweep", "0.2,0.99"], "for '--sweep");
+    // A budget below the predictors' bytes is refused before any calibration pass.
+    fails_with(
+        &[
+            "analyze",
+            "--budget",
+            "64K",
+            "--tokens",
+            "64",
+            "--threshold-tokens",
+            "32",
+        ],
+        "the predictors alone take",
+    );
     fails_with(&["eval", "--input-sweep", "0.2,x"], "`x` is not a number");
     std::fs::remove_dir_all(&d).unwrap();
 }
