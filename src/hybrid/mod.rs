@@ -170,15 +170,17 @@ impl HybridFfn {
             &["fc1", "fc2"]
         };
         let gated = names.len() == 3;
+        let full = |name: &str| {
+            let prefix = vb.prefix();
+            if prefix.is_empty() {
+                name.to_string()
+            } else {
+                format!("{prefix}.{name}")
+            }
+        };
         let get = |name: &str| -> Result<Tensor> {
             if !vb.contains_tensor(name) {
-                let prefix = vb.prefix();
-                let full = if prefix.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{prefix}.{name}")
-                };
-                return Err(ErrorKind::MissingTensor { name: full }.into());
+                return Err(ErrorKind::MissingTensor { name: full(name) }.into());
             }
             Ok(vb.get_unchecked(name)?)
         };
@@ -198,7 +200,7 @@ impl HybridFfn {
             .map(|n| opt(&format!("{n}.bias")))
             .collect::<Result<_>>()?;
         let k = usize::from(gated);
-        let up_name = format!("{}.weight", names[k]);
+        let up_name = full(&format!("{}.weight", names[k]));
         let (intermediate, hidden) = match *w[k].dims() {
             [n, h] => (n, h),
             ref d => return Err(Error::shape(&up_name, &[None, None], d)),
