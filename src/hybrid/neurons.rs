@@ -41,14 +41,6 @@ impl Neurons {
             predictor_sparsity: None,
         }
     }
-
-    /// The artifact this setting reads, if any.
-    pub fn artifact_path(&self) -> Option<&std::path::Path> {
-        match self {
-            Neurons::Artifact { path, .. } | Neurons::Input(Some(path)) => Some(path),
-            Neurons::All | Neurons::GateFirst(_) | Neurons::Input(None) => None,
-        }
-    }
 }
 
 impl FromStr for Neurons {
@@ -115,11 +107,6 @@ mod tests {
             assert_eq!(s.parse::<Neurons>().unwrap(), n, "{s}");
             assert_eq!(n.to_string(), s);
         }
-        assert_eq!(
-            Neurons::artifact("x").artifact_path(),
-            Some(std::path::Path::new("x"))
-        );
-        assert_eq!(Neurons::All.artifact_path(), None);
     }
 
     #[test]

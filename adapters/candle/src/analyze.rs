@@ -174,6 +174,14 @@ impl Llama {
     }
 }
 
+/// Reads the `.powerinfer` artifact at `artifact` and checks it was made from the model at
+/// `model` (its [`model_sha256`]); another model's artifact is `ArtifactMismatch`.
+pub fn load_artifact(artifact: &Path, model: &Path) -> Result<Artifact> {
+    let a = Artifact::load(artifact)?;
+    a.check_model(&model_sha256(model)?)?;
+    Ok(a)
+}
+
 /// sha256 (hex) identifying a model: the file's hash, or for a safetensors directory the hash of
 /// `config.json` and every `*.safetensors` file's hash, in name order.
 pub fn model_sha256(path: &Path) -> Result<String> {

@@ -37,7 +37,7 @@ use std::path::Path;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use analyze::{model_sha256, native_storage, Profile, Sampling};
+pub use analyze::{load_artifact, model_sha256, native_storage, Profile, Sampling};
 pub use config::{activation_from_name, LlamaConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use fused::KernelFfn;
@@ -54,9 +54,7 @@ pub use tokenizer::TextTokenizer;
 /// `tokenizer.json`. Returns the model and its tokenizer.
 pub fn open(path: &Path, mode: &FfnMode) -> Result<(Llama, TextTokenizer)> {
     if path.is_dir() {
-        let model = load_safetensors(path, mode)?;
-        let tok = TextTokenizer::from_file(&path.join("tokenizer.json"))?;
-        Ok((model, tok))
+        Ok((load_safetensors(path, mode)?, TextTokenizer::open(path)?))
     } else {
         let mut gguf = GgufFile::open(path)?;
         // Architecture and hyper-parameters first: an unsupported model says so before anything

@@ -186,8 +186,7 @@ fn install_artifact(mut model: Llama, mode: &FfnMode, model_path: &Path) -> Resu
         ..
     } = mode
     {
-        let a = powerinfer::Artifact::load(path)?;
-        a.check_model(&crate::model_sha256(model_path)?)?;
+        let a = crate::load_artifact(path, model_path)?;
         model.use_artifact(&a, *predictor_sparsity)?;
     }
     Ok(model)

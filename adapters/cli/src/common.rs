@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use powerinfer::{Artifact, HybridOptions, WeightDType};
 use powerinfer_candle::{
-    generate, model_sha256, open, FfnMode, GenerateOptions, Generation, Llama, Neurons,
+    generate, load_artifact, open, FfnMode, GenerateOptions, Generation, Llama, Neurons,
     TextTokenizer,
 };
 
@@ -249,8 +249,7 @@ pub(crate) fn load_sparse(path: &Path, s: &SparseSettings) -> Result<Sparse> {
     let artifact = match &s.artifact {
         Some(p) => {
             let pb = spinner(format!("reading {} and hashing the model", p.display()));
-            let a = Artifact::load(p)?;
-            a.check_model(&model_sha256(path)?)?;
+            let a = load_artifact(p, path)?;
             pb.finish_and_clear();
             Some(a)
         }

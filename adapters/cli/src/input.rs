@@ -354,8 +354,7 @@ pub(crate) fn rule_for(
     settings: &crate::common::SparseSettings,
 ) -> Result<InputRuleMeta> {
     if let Some(path) = &settings.artifact {
-        let a = powerinfer::Artifact::load(path)?;
-        a.check_model(&powerinfer_candle::model_sha256(model)?)?;
+        let a = powerinfer_candle::load_artifact(path, model)?;
         if let Some(r) = a.meta.input_rule {
             return Ok(r);
         }
