@@ -160,6 +160,14 @@ pub enum ErrorKind {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// A fast tier (a GPU, or the reference tier) failed, or was used against its protocol
+    /// (finish without launch, a neuron it does not hold).
+    Tier {
+        /// The tier's name (e.g. `"reference"`, `"cuda:0"`).
+        tier: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// An error from candle while reading or building tensors.
     Candle(candle_core::Error),
 }
@@ -204,6 +212,15 @@ impl Error {
             file: file.as_ref().display().to_string(),
             op: op.to_string(),
             source,
+        }
+        .into()
+    }
+
+    /// An [`ErrorKind::Tier`] error: tier `tier` failed because of `reason`.
+    pub fn tier(tier: &str, reason: impl Into<String>) -> Self {
+        ErrorKind::Tier {
+            tier: tier.to_string(),
+            reason: reason.into(),
         }
         .into()
     }
@@ -342,6 +359,7 @@ impl fmt::Display for Error {
                 }
             }
             ErrorKind::Io { file, op, source } => write!(f, "{file}: {op}: {source}"),
+            ErrorKind::Tier { tier, reason } => write!(f, "fast tier `{tier}`: {reason}"),
             ErrorKind::Candle(e) => write!(f, "candle: {e}"),
         }
     }

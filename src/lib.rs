@@ -54,7 +54,9 @@ pub use format::{
     LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
 };
 pub use hybrid::{
-    plan_placement, HybridFfn, HybridOptions, LayerPlacement, Neurons, Placement, PrefillPolicy,
+    plan_placement, CacheFill, FastTier, HybridFfn, HybridOptions, LayerPlacement, NeuronCache,
+    Neurons, Placement, PrefillPolicy, ReferenceTier, Reservation, TierBudget, TierCall,
+    TierCounters,
 };
 pub use input_sparse::{
     split_target, ChessRule, GreedyPath, GreedyStep, InputScore, InputScores, InputSparseFfn,

@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use common::*;
 use powerinfer::{
     Activation, FfnSpec, GateFirst, HybridFfn, HybridOptions, LayerPlacement, LowRank,
-    NeuronBundles, Oracle, SimdLevel, WeightDType,
+    NeuronBundles, Oracle, SimdLevel, TierBudget, WeightDType,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -25,6 +25,8 @@ struct Case {
     tier: SimdLevel,
     hot_frac: f64,
     active_frac: f64,
+    /// A reference fast tier attached: (cache slots, its threads).
+    fast: Option<(usize, usize)>,
     seed: u64,
 }
 
@@ -37,14 +39,18 @@ fn case() -> impl Strategy<Value = Case> {
             proptest::sample::select(tiers),
             prop_oneof![Just(0.0), Just(1.0), 0.0..1.0f64],
         ),
-        (prop_oneof![Just(0.0), Just(1.0), 0.0..1.0f64], any::<u64>()),
+        (
+            prop_oneof![Just(0.0), Just(1.0), 0.0..1.0f64],
+            any::<u64>(),
+            prop_oneof![Just(None), (0usize..40, 1usize..=3).prop_map(Some)],
+        ),
     )
         .prop_map(
             |(
                 (hidden, inter, rows, threads),
                 (a, gated, d, i),
                 (tier, hot_frac),
-                (active_frac, seed),
+                (active_frac, seed, fast),
             )| {
                 let act = ACTIVATIONS[a];
                 Case {
@@ -59,6 +65,7 @@ fn case() -> impl Strategy<Value = Case> {
                     tier,
                     hot_frac,
                     active_frac,
+                    fast,
                     seed,
                 }
             },
@@ -100,10 +107,16 @@ fn build(c: &Case) -> Built {
         simd_level: Some(c.tier),
         ..Default::default()
     };
-    let ffn = HybridFfn::new(bundles, opts)
+    let mut ffn = HybridFfn::new(bundles, opts)
         .unwrap()
         .with_placement(LayerPlacement::new(c.inter, hot, None).unwrap())
         .unwrap();
+    if let Some((slots, threads)) = c.fast {
+        if !ffn.placement().hot().is_empty() || slots > 0 {
+            let budget = TierBudget::new(u64::MAX).unwrap();
+            ffn.attach_reference_tier(&budget, slots, threads).unwrap();
+        }
+    }
     Built {
         spec,
         ffn,
@@ -122,9 +135,30 @@ fn check_oracle(c: &Case) -> Result<(), TestCaseError> {
     let r = masked_reference(&b.x, &b.spec, ffn.bundles(), Some(&b.mask));
     let e = rel_err(&y, &r);
     prop_assert!(e <= tolerance(c.input), "oracle rel err {e} for {c:?}");
-    // Determinism: the same call gives the same bits.
+    let cached = matches!(c.fast, Some((slots, _)) if slots > 0);
+    if let Some(t) = ffn.fast_tier() {
+        // The tier computed exactly the active neurons it held: the hot ones (nothing is
+        // cached before the first call).
+        let union: Vec<u32> = (0..c.inter as u32)
+            .filter(|&i| b.mask.iter().any(|m| m[i as usize]))
+            .collect();
+        let hot = union
+            .iter()
+            .filter(|&&i| ffn.placement().hot().binary_search(&i).is_ok())
+            .count() as u64;
+        let counters = t.take_counters();
+        prop_assert_eq!(counters.neurons, hot, "fast tier share for {:?}", c);
+        prop_assert_eq!(counters.calls, u64::from(hot > 0));
+    }
+    // Determinism: the same call gives the same bits (with a cache, the second call finds
+    // neurons cached by the first: another split, so equal within the tolerance).
     let y2 = ffn.forward(&b.x).unwrap();
-    prop_assert!(bits(&y) == bits(&y2), "not deterministic");
+    if cached {
+        let e = rel_err(&y2, &r);
+        prop_assert!(e <= tolerance(c.input), "cached call rel err {e} for {c:?}");
+    } else {
+        prop_assert!(bits(&y) == bits(&y2), "not deterministic");
+    }
     Ok(())
 }
 
@@ -184,11 +218,15 @@ fn check_quant(c: &Case, dtype: WeightDType, gate_first: bool) -> Result<(), Tes
     .unwrap()
     .with_placement(b.ffn.placement().clone())
     .unwrap();
-    let ffn = if gate_first {
+    let mut ffn = if gate_first {
         ffn.with_predictor(GateFirst::new(0.0).unwrap())
     } else {
         ffn.with_predictor(Oracle::new(b.sets.clone()))
     };
+    if let Some((slots, threads)) = c.fast.filter(|_| b.ffn.fast_tier().is_some()) {
+        let budget = TierBudget::new(u64::MAX).unwrap();
+        ffn.attach_reference_tier(&budget, slots, threads).unwrap();
+    }
     let x = b.x.to_dtype(DType::F32).unwrap();
     let y = ffn.forward(&x).unwrap();
     let xs = flat(&x);
@@ -252,6 +290,7 @@ fn edge_shapes() {
                         tier,
                         hot_frac,
                         active_frac,
+                        fast: (hot_frac > 0.0).then_some((inter / 4, 1)),
                         seed: (hidden * 1000 + inter) as u64,
                     };
                     check_oracle(&c).unwrap();

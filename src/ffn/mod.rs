@@ -350,6 +350,87 @@ impl NeuronBundles {
         }
     }
 
+    /// The bundles of `neurons`, in that order, as a block of their own: what a fast tier copies
+    /// into its memory. Neuron `k` of the result is neuron `neurons[k]` of `self`, with its gate
+    /// and up biases; the down bias stays here (the caller adds it once per call). Indices may
+    /// repeat (spare cache slots start as copies); an out-of-range index is a typed error, an
+    /// empty list a `Config` error.
+    pub fn select(&self, neurons: &[u32]) -> Result<NeuronBundles> {
+        let n = self.spec.intermediate;
+        if let Some(&i) = neurons.iter().find(|&&i| i as usize >= n) {
+            return Err(ErrorKind::NeuronOutOfRange {
+                layer: None,
+                neuron: i as usize,
+                intermediate: n,
+            }
+            .into());
+        }
+        let spec = FfnSpec::new(
+            self.spec.hidden,
+            neurons.len(),
+            self.spec.activation,
+            self.spec.gated,
+        )
+        .map_err(|_| Error::config("neurons", "a selection needs at least one neuron"))?;
+        let stride = self.spec.layout(self.dtype()).stride();
+        fn gather<T: Copy>(src: &[T], stride: usize, neurons: &[u32]) -> Vec<T> {
+            let mut out = Vec::with_capacity(neurons.len() * stride);
+            for &i in neurons {
+                out.extend_from_slice(&src[i as usize * stride..][..stride]);
+            }
+            out
+        }
+        let data = match &self.data {
+            BundleData::F32(w) => BundleData::F32(gather(w, stride, neurons)),
+            BundleData::F16(w) => BundleData::F16(gather(w, stride, neurons)),
+            BundleData::BF16(w) => BundleData::BF16(gather(w, stride, neurons)),
+            BundleData::Quant { kind, bytes } => BundleData::Quant {
+                kind: *kind,
+                bytes: gather(bytes, stride, neurons),
+            },
+        };
+        let pick = |b: &Option<Vec<f32>>| {
+            b.as_ref()
+                .map(|b| neurons.iter().map(|&i| b[i as usize]).collect())
+        };
+        Ok(NeuronBundles {
+            spec,
+            data,
+            gate_bias: pick(&self.gate_bias),
+            up_bias: pick(&self.up_bias),
+            down_bias: None,
+        })
+    }
+
+    /// Overwrites neuron `slot` of this block (made by [`NeuronBundles::select`] from `src`)
+    /// with neuron `neuron` of `src`: a cache fill. Both indices must be in range and the two
+    /// blocks must share hidden size, gating and storage.
+    pub(crate) fn copy_neuron(&mut self, slot: usize, src: &NeuronBundles, neuron: usize) {
+        let stride = self.spec.layout(self.dtype()).stride();
+        debug_assert_eq!(stride, src.spec.layout(src.dtype()).stride());
+        let (d, s) = (
+            slot * stride..(slot + 1) * stride,
+            neuron * stride..(neuron + 1) * stride,
+        );
+        match (&mut self.data, &src.data) {
+            (BundleData::F32(a), BundleData::F32(b)) => a[d].copy_from_slice(&b[s]),
+            (BundleData::F16(a), BundleData::F16(b)) => a[d].copy_from_slice(&b[s]),
+            (BundleData::BF16(a), BundleData::BF16(b)) => a[d].copy_from_slice(&b[s]),
+            (BundleData::Quant { bytes: a, .. }, BundleData::Quant { bytes: b, .. }) => {
+                a[d].copy_from_slice(&b[s])
+            }
+            _ => unreachable!("copy_neuron between blocks of different storage"),
+        }
+        for (a, b) in [
+            (&mut self.gate_bias, &src.gate_bias),
+            (&mut self.up_bias, &src.up_bias),
+        ] {
+            if let (Some(a), Some(b)) = (a.as_mut(), b.as_ref()) {
+                a[slot] = b[neuron];
+            }
+        }
+    }
+
     /// Bytes held by the weights and biases.
     pub fn weight_bytes(&self) -> usize {
         let n = self.spec.intermediate * self.spec.neuron_bytes(self.dtype());

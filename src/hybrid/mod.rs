@@ -1,17 +1,26 @@
 //! `HybridFfn`: the drop-in sparse FFN block, a `candle_core::Module`.
 //!
 //! Per call: predictor -> active set -> tiers -> partial outputs summed in a fixed order (bias,
-//! fast tier, CPU tier). This build has no fast device, so the whole active set runs as the CPU
-//! tier in one pool dispatch (a two-tier split on the CPU cost a second dispatch per layer, about
-//! 1 ms per token on SmolLM2); the placement is kept for the device tier.
+//! fast tier, CPU tier). With a fast tier attached ([`HybridFfn::attach_tier`]) the active set is
+//! split by what the tier holds: the tier is launched on its share, the CPU pool computes the
+//! rest meanwhile, then the tier's partial is added. Without one the whole active set is the CPU
+//! tier's, in one pool dispatch.
 //! Scratch buffers live in the block and are reused: no heap allocation and no thread spawn per
 //! token inside [`HybridFfn::forward_f32`] once the largest batch has been seen.
 
+mod budget;
+mod cache;
 mod neurons;
 mod place;
+mod reference;
+mod tier;
 
+pub use budget::{Reservation, TierBudget};
+pub use cache::{CacheFill, NeuronCache};
 pub use neurons::Neurons;
 pub use place::{plan_placement, LayerPlacement, Placement};
+pub use reference::ReferenceTier;
+pub use tier::{FastTier, TierCall, TierCounters};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -70,6 +79,11 @@ struct Scratch {
     xq: Vec<crate::cpu::QuantizedRow>,
     set: ActiveSet,
     threads: Vec<ThreadScratch>,
+    /// This call's split: the fast tier's share and the CPU's.
+    fast: Vec<u32>,
+    cpu: Vec<u32>,
+    /// CPU-share neurons that contributed (what a caching tier may fill).
+    missed: Vec<u32>,
 }
 
 /// An activation-sparse FFN block with hot/cold neuron placement.
@@ -91,6 +105,9 @@ pub struct HybridFfn {
     audit_on: AtomicBool,
     audit: Mutex<Option<Audit>>,
     scratch: Mutex<Scratch>,
+    fast: Option<Box<dyn FastTier>>,
+    /// Set when the fast tier failed: every later call runs on the CPU.
+    fast_failed: AtomicBool,
 }
 
 /// Audit state: the running totals and the dense activations' buffers.
@@ -108,6 +125,7 @@ impl std::fmt::Debug for HybridFfn {
             .field("dtype", &self.bundles.dtype())
             .field("predictor", &self.predictor)
             .field("hot", &self.placement.hot().len())
+            .field("fast_tier", &self.fast.as_ref().map(|t| t.name()))
             .field("tier", &self.kernels.tier())
             .field("threads", &self.pool.threads())
             .finish()
@@ -143,6 +161,8 @@ impl HybridFfn {
             audit_on: AtomicBool::new(false),
             audit: Mutex::new(None),
             scratch: Mutex::new(Scratch::default()),
+            fast: None,
+            fast_failed: AtomicBool::new(false),
         })
     }
 
@@ -247,6 +267,59 @@ impl HybridFfn {
         }
         self.placement = placement;
         Ok(())
+    }
+
+    /// Attaches a fast tier: from the next call, the active neurons it holds are computed there
+    /// while the CPU pool computes the others. It must hold every hot neuron of the placement
+    /// (the `Config` error names the first it lacks); it may hold more (a cache).
+    pub fn attach_tier(&mut self, tier: Box<dyn FastTier>) -> Result<()> {
+        if let Some(&i) = self
+            .placement
+            .hot()
+            .iter()
+            .find(|&&i| !tier.holds(i as usize))
+        {
+            return Err(Error::config(
+                "fast tier",
+                format!(
+                    "`{}` does not hold hot neuron {i} of the placement",
+                    tier.name()
+                ),
+            ));
+        }
+        self.fast = Some(tier);
+        self.fast_failed.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Builds a [`ReferenceTier`] holding this block's hot neurons plus `cache_slots` cache
+    /// slots under `budget`, on `threads` threads, and attaches it.
+    pub fn attach_reference_tier(
+        &mut self,
+        budget: &Arc<TierBudget>,
+        cache_slots: usize,
+        threads: usize,
+    ) -> Result<()> {
+        let tier = ReferenceTier::new(
+            &self.bundles,
+            self.placement.hot(),
+            cache_slots,
+            budget,
+            threads,
+        )?;
+        self.attach_tier(Box::new(tier))
+    }
+
+    /// Detaches the fast tier (everything runs on the CPU again) and returns it.
+    pub fn detach_tier(&mut self) -> Option<Box<dyn FastTier>> {
+        self.fast.take()
+    }
+
+    /// The attached fast tier, unless it failed (then every call runs on the CPU).
+    pub fn fast_tier(&self) -> Option<&dyn FastTier> {
+        self.fast
+            .as_deref()
+            .filter(|_| !self.fast_failed.load(Ordering::Relaxed))
     }
 
     /// When on, every call computes every neuron (the predictor is bypassed).
@@ -438,17 +511,86 @@ impl HybridFfn {
             xq: &s.xq,
             rule,
         };
-        // Neurons whose contribution was used (nonzero in some row, so their down row was read).
-        let mut used = 0usize;
         let record = self.stats_on.load(Ordering::Relaxed);
         let mut stats = record.then(|| self.stats.lock().unwrap_or_else(|e| e.into_inner()));
-        // No fast device in this build: the whole active list is the CPU tier, one pool dispatch;
-        // partials merge in thread order, so results are bit-identical run to run. (A device tier
-        // will take `self.placement`'s hot neurons and merge first.)
         let list = s.set.union();
-        if !list.is_empty() {
-            job.run(&self.pool, list, &mut s.threads);
+        // The split: the fast tier's share is launched first and runs while the pool computes
+        // the CPU's share. Statistics need every neuron's `h`, so they keep the CPU only.
+        let tier = self.fast_tier().filter(|_| !record && !list.is_empty());
+        s.fast.clear();
+        s.cpu.clear();
+        let mut launched = None;
+        if let Some(t) = tier {
+            for &i in list {
+                if t.holds(i as usize) {
+                    s.fast.push(i);
+                } else {
+                    s.cpu.push(i);
+                }
+            }
+            if !s.fast.is_empty() {
+                let call = TierCall {
+                    x,
+                    rows,
+                    neurons: &s.fast,
+                    set: &s.set,
+                    rule,
+                };
+                match t.launch(&call) {
+                    Ok(()) => launched = Some(t),
+                    Err(e) => {
+                        self.tier_failed(t, &e);
+                        s.cpu.clear();
+                        s.cpu.extend_from_slice(list);
+                        s.fast.clear();
+                    }
+                }
+            }
+        } else {
+            s.cpu.extend_from_slice(list);
+        }
+        // Neurons whose contribution was used (nonzero in some row, so their down row was read).
+        let mut used = 0usize;
+        s.missed.clear();
+        let cpu = &s.cpu;
+        if !cpu.is_empty() {
+            job.run(&self.pool, cpu, &mut s.threads);
+        }
+        // Merge in a fixed order: bias (above), the fast tier, the CPU threads in order.
+        let mut retry = false;
+        if let Some(t) = launched {
+            match t.finish(out) {
+                Ok(n) => used += n,
+                Err(e) => {
+                    self.tier_failed(t, &e);
+                    retry = true;
+                }
+            }
+        }
+        if !cpu.is_empty() {
             for (t, st) in s.threads.iter().enumerate() {
+                for (o, a) in out.iter_mut().zip(&st.acc) {
+                    *o += a;
+                }
+                let mine = &cpu[share(cpu.len(), t, threads)];
+                for (&i, h) in mine.iter().zip(st.h.chunks(rows)) {
+                    if h.iter().any(|&v| v != 0.0) {
+                        used += 1;
+                        if tier.is_some() {
+                            s.missed.push(i);
+                        }
+                    }
+                }
+                if let Some(Some(stats)) = stats.as_deref_mut() {
+                    stats.record(mine, &st.h, rows);
+                }
+            }
+        }
+        if retry {
+            // The tier failed after launch: its share runs on the CPU, added last.
+            let fast = std::mem::take(&mut s.fast);
+            job.run(&self.pool, &fast, &mut s.threads);
+            for st in &s.threads {
                 for (o, a) in out.iter_mut().zip(&st.acc) {
                     *o += a;
                 }
@@ -456,9 +598,10 @@ impl HybridFfn {
                     st.h.chunks(rows)
                         .filter(|h| h.iter().any(|&v| v != 0.0))
                         .count();
-                if let Some(Some(stats)) = stats.as_deref_mut() {
-                    stats.record(&list[share(list.len(), t, threads)], &st.h, rows);
-                }
+            }
+        } else if let Some(t) = launched.or(tier) {
+            if let Err(e) = t.observe(&self.bundles, &s.missed) {
+                self.tier_failed(t, &e);
             }
         }
         if let Some(Some(stats)) = stats.as_deref_mut() {
@@ -466,6 +609,19 @@ impl HybridFfn {
         }
         self.last_active.store(used, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A fast tier failed: this and every later call run on the CPU; says so once.
+    fn tier_failed(&self, tier: &dyn FastTier, e: &Error) {
+        if !self.fast_failed.swap(true, Ordering::Relaxed) {
+            let layer = self
+                .layer
+                .map_or_else(String::new, |l| format!(" (layer {l})"));
+            tracing::warn!(
+                "fast tier `{}` failed{layer}: {e}; computing on the CPU from now on",
+                tier.name()
+            );
+        }
     }
 
     fn in_layer(&self, e: Error) -> Error {
