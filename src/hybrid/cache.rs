@@ -36,10 +36,12 @@ pub struct NeuronCache {
     /// (last use, slot) of every slot: the first entry is the one to evict.
     order: BTreeSet<(u64, u32)>,
     clock: u64,
+    window: u64,
 }
 
 impl NeuronCache {
-    /// An empty cache of `slots` slots for a layer of `intermediate` neurons.
+    /// An empty cache of `slots` slots for a layer of `intermediate` neurons, with a window of
+    /// one call (see [`NeuronCache::with_window`]).
     pub fn new(intermediate: usize, slots: usize) -> Result<Self> {
         if intermediate >= NONE as usize || slots >= NONE as usize {
             return Err(crate::error::Error::config(
@@ -53,7 +55,28 @@ impl NeuronCache {
             last_used: vec![0; slots],
             order: (0..slots as u32).map(|s| (0, s)).collect(),
             clock: 0,
+            window: 1,
         })
+    }
+
+    /// Keeps every neuron used in the last `window` calls (this one included): a fill never
+    /// evicts one of them, so the cache is LLM in a Flash's sliding window of recent neurons,
+    /// bounded by the slots. Zero is a `Config` error.
+    pub fn with_window(mut self, window: u64) -> Result<Self> {
+        self.set_window(window)?;
+        Ok(self)
+    }
+
+    /// [`NeuronCache::with_window`] in place.
+    pub fn set_window(&mut self, window: u64) -> Result<()> {
+        if window == 0 {
+            return Err(crate::error::Error::config(
+                "cache window",
+                "must be at least 1 call",
+            ));
+        }
+        self.window = window;
+        Ok(())
     }
 
     /// Number of slots.
@@ -102,8 +125,8 @@ impl NeuronCache {
 
     /// Brings `neuron` in: the fill to do, into an empty slot or else the least recently used
     /// one (ties go to the lowest slot). `None` when it is already cached, or when every slot
-    /// holds a neuron used or filled since the last [`NeuronCache::tick`] (a call never evicts
-    /// what it uses itself).
+    /// holds a neuron used or filled within the window (by default: since the last
+    /// [`NeuronCache::tick`], so a call never evicts what it uses itself).
     pub fn admit(&mut self, neuron: usize) -> Result<Option<CacheFill>> {
         if neuron >= self.neuron_slot.len() {
             return Err(ErrorKind::NeuronOutOfRange {
@@ -120,7 +143,7 @@ impl NeuronCache {
             return Ok(None);
         };
         let slot = slot as usize;
-        if used == self.clock && self.slot_neuron[slot] != NONE {
+        if used + self.window > self.clock && self.slot_neuron[slot] != NONE {
             return Ok(None);
         }
         let evicted = self.neuron(slot);

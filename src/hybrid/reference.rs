@@ -162,6 +162,21 @@ impl ReferenceTier {
         })
     }
 
+    /// Bytes one neuron of `bundles` takes in the tier (its bundle and biases): what a placement
+    /// planned for this tier must charge per hot neuron.
+    pub fn neuron_bytes(bundles: &NeuronBundles) -> u64 {
+        tier_neuron_bytes(bundles)
+    }
+
+    /// Keeps every cached neuron used in the last `window` calls (see
+    /// [`NeuronCache::with_window`]); the default is 1.
+    pub fn with_cache_window(self, window: u64) -> Result<Self> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.cache.set_window(window)?;
+        drop(store);
+        Ok(self)
+    }
+
     /// How many cache slots of `bundles`' neurons fit in what `budget` has free after `hot`
     /// neurons: the largest cache a tier built now can have.
     pub fn cache_slots_that_fit(bundles: &NeuronBundles, hot: usize, budget: &TierBudget) -> usize {
@@ -189,11 +204,11 @@ impl ReferenceTier {
     }
 }
 
-/// What one held neuron costs: its bundle plus its gate and up biases.
+/// What one held neuron costs: its bundle plus its gate and up biases where the layer has them.
 fn tier_neuron_bytes(bundles: &NeuronBundles) -> u64 {
     let spec = bundles.spec();
-    let bias = 4 * (u64::from(spec.gated) + 1);
-    spec.neuron_bytes(bundles.dtype()) as u64 + bias
+    let biases = [bundles.gate_bias.is_some(), bundles.up_bias.is_some()];
+    spec.neuron_bytes(bundles.dtype()) as u64 + 4 * biases.iter().filter(|&&b| b).count() as u64
 }
 
 /// The worker's computation: the listed neurons (by storage index) over the job's rows.
