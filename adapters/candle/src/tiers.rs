@@ -162,6 +162,7 @@ impl Llama {
             .sum();
         let cache_bytes = opts.budget - hot_bytes.min(opts.budget);
         for (l, h) in hybrids.iter_mut().enumerate() {
+            // The old tiers' bytes are not in this budget: drop them first all the same.
             h.detach_tier();
             h.set_force_dense(opts.force_dense_layers.contains(&l));
         }
@@ -187,6 +188,17 @@ impl Llama {
         }
         report.reserved = budget.used();
         Ok(report)
+    }
+
+    /// Detaches every layer's fast tier (everything on the CPU again; their bytes are given
+    /// back to the budget) and clears forced-dense layers.
+    pub fn detach_tiers(&mut self) {
+        for l in &mut self.layers {
+            if let Ffn::Hybrid(h) = &mut l.ffn {
+                h.detach_tier();
+                h.set_force_dense(false);
+            }
+        }
     }
 
     /// The fast tiers' counters summed over layers, reset to zero.

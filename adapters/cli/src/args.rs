@@ -51,6 +51,56 @@ impl FromStr for Budget {
     }
 }
 
+/// `--vram-budget`: a share of the FFN weights' bytes (`25%`) or bytes as [`Budget`] (`64M`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum VramBudget {
+    /// This share of the bytes the tiered layers' FFN weights take, in `[0, 1]`.
+    Share(f64),
+    /// Bytes.
+    Bytes(u64),
+}
+
+impl VramBudget {
+    /// The budget in bytes for FFN weights of `ffn_bytes` bytes.
+    pub fn bytes(&self, ffn_bytes: u64) -> u64 {
+        match *self {
+            VramBudget::Share(s) => (ffn_bytes as f64 * s) as u64,
+            VramBudget::Bytes(b) => b,
+        }
+    }
+}
+
+impl std::fmt::Display for VramBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VramBudget::Share(s) => write!(f, "{}%", s * 100.0),
+            VramBudget::Bytes(b) => write!(f, "{:.1}M", *b as f64 / (1 << 20) as f64),
+        }
+    }
+}
+
+impl FromStr for VramBudget {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(p) = s.trim().strip_suffix('%') {
+            let v = fraction(p, 100.0)?;
+            return Ok(VramBudget::Share(v / 100.0));
+        }
+        match s.parse::<Budget>() {
+            Ok(Budget(Some(b))) => Ok(VramBudget::Bytes(b)),
+            _ => Err(format!(
+                "expected a share of the FFN bytes (25%) or bytes (64M), not `{s}`"
+            )),
+        }
+    }
+}
+
+/// A share in `[0, 1]` (`--cache`).
+pub fn unit_fraction(s: &str) -> Result<f64, String> {
+    fraction(s, 1.0)
+}
+
 /// A fraction in `[0, hi]`.
 fn fraction(s: &str, hi: f64) -> Result<f64, String> {
     let v: f64 = s
@@ -89,6 +139,13 @@ mod tests {
         assert_eq!("4096".parse(), Ok(Budget(Some(4096))));
         for bad in ["0", "-1M", "M", "1T", "nan", "inf"] {
             assert!(bad.parse::<Budget>().is_err(), "{bad}");
+        }
+        assert_eq!("25%".parse(), Ok(VramBudget::Share(0.25)));
+        assert_eq!("0%".parse(), Ok(VramBudget::Share(0.0)));
+        assert_eq!("64M".parse(), Ok(VramBudget::Bytes(64 << 20)));
+        assert_eq!(VramBudget::Share(0.5).bytes(1000), 500);
+        for bad in ["101%", "-5%", "x%", "0", "auto"] {
+            assert!(bad.parse::<VramBudget>().is_err(), "{bad}");
         }
         assert_eq!(quantile_sparsity("0.5"), Ok(0.5));
         assert!(quantile_sparsity("0.99").is_err());

@@ -12,7 +12,7 @@ use crate::BenchArgs;
 
 /// One measured mode.
 struct Row {
-    mode: &'static str,
+    mode: String,
     prompt_tps: f64,
     decode_tps: f64,
     /// Per-component decode times over all runs (our model only).
@@ -32,9 +32,9 @@ struct Row {
 
 impl Row {
     /// A peer engine's row: medians of its prompt and decode samples, nothing else known.
-    fn peer(mode: &'static str, prompt: Vec<f64>, decode: Vec<f64>) -> Row {
+    fn peer(mode: &str, prompt: Vec<f64>, decode: Vec<f64>) -> Row {
         Row {
-            mode,
+            mode: mode.to_string(),
             prompt_tps: median(prompt),
             decode_tps: median(decode),
             per_token: None,
@@ -111,7 +111,7 @@ fn measure(
     prompt: &[u32],
     decode: usize,
     runs: usize,
-    mode: &'static str,
+    mode: &str,
 ) -> Result<Row> {
     let (mut p, mut d) = (Vec::new(), Vec::new());
     let mut per_token = Timings::default();
@@ -147,7 +147,7 @@ fn measure(
     }
     let positions = prompt.len() + decode / 2;
     Ok(Row {
-        mode,
+        mode: mode.to_string(),
         prompt_tps: median(p),
         decode_tps: median(d),
         measured_ms: Some(decode_time.as_secs_f64() * 1e3 / (runs * decode) as f64),
@@ -340,6 +340,10 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     if gguf && want("input") {
         rows.push(measure_input(&path, &settings, &prompt, a)?);
     }
+    let mut notes = Vec::new();
+    if !a.vram_budget.is_empty() {
+        measure_tiers(&path, &settings, &prompt, a, &mut rows, &mut notes)?;
+    }
     peer_run(&mut lcpp)?;
     let info = RunInfo {
         bw,
@@ -348,7 +352,98 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         args: a,
         fused,
     };
-    print_table(rows, (peer && gguf).then_some(lcpp), &info)
+    print_table(rows, (peer && gguf).then_some(lcpp), &info)?;
+    for n in notes {
+        println!("{n}");
+    }
+    Ok(())
+}
+
+/// The sparse model with a fast tier in every layer, one row per `--vram-budget`, and a note per
+/// row with the placement and what the tiers did per decoded token.
+fn measure_tiers(
+    path: &std::path::Path,
+    settings: &SparseSettings,
+    prompt: &[u32],
+    a: &BenchArgs,
+    rows: &mut Vec<Row>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let mut sp = load_sparse(path, settings)?;
+    let freq = match &sp.artifact {
+        Some(art) => art
+            .layers
+            .iter()
+            .map(|l| l.counts.iter().map(|&c| f64::from(c)).collect())
+            .collect(),
+        None => {
+            let calib = corpus_tokens(&sp.m.tok, 1790..=1999, 1024)?;
+            sp.m.model.neuron_frequencies(&calib, 256)?
+        }
+    };
+    let tiered = |l: usize| !a.force_dense_layers.contains(&l);
+    let ffn_bytes: u64 = sp
+        .m
+        .model
+        .ffns()
+        .enumerate()
+        .filter(|(l, _)| tiered(*l))
+        .map(|(_, f)| match f {
+            powerinfer_candle::Ffn::Hybrid(h) => {
+                powerinfer::ReferenceTier::neuron_bytes(h.bundles()) * h.spec().intermediate as u64
+            }
+            _ => 0,
+        })
+        .sum();
+    for b in &a.vram_budget {
+        let budget = b.bytes(ffn_bytes);
+        let label = format!("tier {b}");
+        if budget == 0 {
+            // No tier: every layer on the CPU, as the `sparse` row, measured again here.
+            sp.m.model.detach_tiers();
+        } else {
+            let opts = powerinfer_candle::TierOptions {
+                budget,
+                cache_share: a.cache,
+                cache_window: a.cache_window,
+                force_dense_layers: a.force_dense_layers.clone(),
+                threads: a.tier_threads as usize,
+            };
+            let r = sp.m.model.attach_reference_tiers(&opts, &freq)?;
+            notes.push(format!(
+                "{label}: budget {:.2} MB of {:.2} MB FFN bytes, reserved {:.2} MB: {} hot neurons, {} cache slots",
+                budget as f64 / 1e6,
+                ffn_bytes as f64 / 1e6,
+                r.reserved as f64 / 1e6,
+                r.hot_neurons,
+                r.cache_slots
+            ));
+        }
+        let mut row = measure(&mut sp.m.model, prompt, a.decode_tokens, a.runs, &label)?;
+        add_sparsity(&mut row, &mut sp.m.model, prompt, a)?;
+        rows.push(row);
+        // What the tiers did per decoded token, on one more decode.
+        sp.m.model.clear_kv_cache();
+        let mut next = argmax(sp.m.model.forward_logits(prompt, 0)?);
+        sp.m.model.take_tier_counters();
+        for i in 0..a.decode_tokens {
+            next = argmax(sp.m.model.forward_logits(&[next], prompt.len() + i)?);
+        }
+        let c = sp.m.model.take_tier_counters();
+        if budget > 0 {
+            let per = |v: u64| v as f64 / a.decode_tokens as f64;
+            let looked = c.hits + c.misses;
+            notes.push(format!(
+                "{label}: per decoded token {:.0} neurons on the tier, cache hits {:.0} / misses {:.0} ({:.1}% hit rate), {:.1} KB copied",
+                per(c.neurons),
+                per(c.hits),
+                per(c.misses),
+                if looked > 0 { 100.0 * c.hits as f64 / looked as f64 } else { 0.0 },
+                per(c.bytes_copied) / 1e3
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The sparse rows (`sparse`, and with an artifact `trained`) with their realized sparsity;
@@ -372,17 +467,23 @@ fn measure_sparse(
             sp.use_trained(settings.predictor_sparsity)?;
         }
         let mut row = measure(&mut sp.m.model, prompt, a.decode_tokens, a.runs, mode)?;
-        // Realized sparsity on the prompt, counted after the timed runs.
-        sp.m.model.enable_ffn_stats();
-        sp.m.model.clear_kv_cache();
-        sp.m.model.forward_logits(prompt, 0)?;
-        let s = crate::common::mean_sparsity(&mut sp.m.model);
-        row.sparsity = Some(s);
-        let positions = prompt.len() + a.decode_tokens / 2;
-        row.bytes = Some(sp.m.model.decode_bytes().per_token(positions, s));
+        add_sparsity(&mut row, &mut sp.m.model, prompt, a)?;
         rows.push(row);
     }
     Ok(sp.m.model.is_fused())
+}
+
+/// Realized sparsity on the prompt, counted after the timed runs, and the bytes a decoded
+/// token reads at that sparsity.
+fn add_sparsity(row: &mut Row, model: &mut Llama, prompt: &[u32], a: &BenchArgs) -> Result<()> {
+    model.enable_ffn_stats();
+    model.clear_kv_cache();
+    model.forward_logits(prompt, 0)?;
+    let s = crate::common::mean_sparsity(model);
+    row.sparsity = Some(s);
+    let positions = prompt.len() + a.decode_tokens / 2;
+    row.bytes = Some(model.decode_bytes().per_token(positions, s));
+    Ok(())
 }
 
 /// The input-sparse FFN at the default rule (calibrated on speeches up to 1999), with the

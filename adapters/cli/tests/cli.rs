@@ -275,6 +275,56 @@ fn analyze_then_use_the_artifact() {
     assert!(attention > 0.05 && attention < 0.4, "{out}");
     assert!(input["bytes_per_token"].as_f64().unwrap() > 0.0);
 
+    // Tier rows: the artifact's counts place the hottest neurons, the rest of the budget caches.
+    let (ok, out, err) = powerinfer(&[
+        "bench",
+        "--modes",
+        "sparse",
+        "--prompt-tokens",
+        "8",
+        "--decode-tokens",
+        "4",
+        "--runs",
+        "1",
+        "--powerinfer",
+        a,
+        "--vram-budget",
+        "0%,50%",
+        "--cache",
+        "0.5",
+        "--force-dense-layers",
+        "0",
+    ]);
+    assert!(ok, "{err}");
+    for mode in ["tier 0%", "tier 50%"] {
+        assert!(out.contains(&format!("\"mode\":\"{mode}\"")), "{out}");
+    }
+    assert!(
+        out.contains("tier 50%: budget") && out.contains("cache slots") && out.contains("hit rate"),
+        "{out}"
+    );
+    fails_with(&["bench", "--vram-budget", "150%"], "150");
+    fails_with(
+        &[
+            "bench",
+            "--modes",
+            "sparse",
+            "--prompt-tokens",
+            "8",
+            "--decode-tokens",
+            "2",
+            "--runs",
+            "1",
+            "--threshold",
+            "0.02",
+            "--vram-budget",
+            "50%",
+            "--force-dense-layers",
+            "99",
+        ],
+        "layer 99 does not exist",
+    );
+
     // A different model file (one byte changed) refuses the artifact.
     let src = powerinfer_data::smollm2(&mut |_| ()).unwrap();
     let mut bytes = std::fs::read(&src).unwrap();
