@@ -33,6 +33,8 @@ mod activation;
 mod active;
 pub mod analysis;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod error;
 mod ffn;
 pub mod format;
@@ -47,6 +49,8 @@ mod tensor_io;
 pub use activation::Activation;
 pub use active::ActiveSet;
 pub use cpu::{ColumnStorage, SimdLevel, SIMD_LEVEL_ENV};
+#[cfg(feature = "cuda")]
+pub use cuda::{cuda_device, CudaTier, MAX_ROWS as CUDA_MAX_ROWS};
 pub use error::{Error, ErrorKind, Result};
 pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
 pub use format::{

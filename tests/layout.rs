@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// The engine's modules in dependency order (ARCHITECTURE.md's code map lists them so): a module
 /// may use only the modules before it.
-const ORDER: [&str; 12] = [
+const ORDER: [&str; 13] = [
     "error",
     "activation",
     "active",
@@ -18,6 +18,7 @@ const ORDER: [&str; 12] = [
     "predict",
     "analysis",
     "hybrid",
+    "cuda",
     "input_sparse",
     "format",
 ];

@@ -515,8 +515,11 @@ impl HybridFfn {
         let mut stats = record.then(|| self.stats.lock().unwrap_or_else(|e| e.into_inner()));
         let list = s.set.union();
         // The split: the fast tier's share is launched first and runs while the pool computes
-        // the CPU's share. Statistics need every neuron's `h`, so they keep the CPU only.
-        let tier = self.fast_tier().filter(|_| !record && !list.is_empty());
+        // the CPU's share. Statistics need every neuron's `h`, and batches above the tier's
+        // `max_rows` do not fit its buffers: both stay on the CPU.
+        let tier = self
+            .fast_tier()
+            .filter(|t| !record && !list.is_empty() && rows <= t.max_rows());
         s.fast.clear();
         s.cpu.clear();
         let mut launched = None;

@@ -65,6 +65,11 @@ pub trait FastTier: Send + Sync + std::fmt::Debug {
     /// Bytes of the tier's memory this layer takes (weights, cache slots and buffers).
     fn bytes(&self) -> u64;
 
+    /// The largest batch it takes in one call; larger batches (long prompts) run on the CPU.
+    fn max_rows(&self) -> usize {
+        usize::MAX
+    }
+
     /// Starts computing `call`'s partial output. Returns before the work is done where the tier
     /// can (a GPU queues it); every `launch` is followed by one [`FastTier::finish`].
     fn launch(&self, call: &TierCall<'_>) -> Result<()>;
