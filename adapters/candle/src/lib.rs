@@ -49,7 +49,7 @@ pub use load::{load_gguf, load_safetensors, FfnMode};
 pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
 pub use pipeline::{analyze, Analysis, AnalyzeOptions, Progress};
 pub use powerinfer::Neurons;
-pub use tiers::{TierOptions, TierReport};
+pub use tiers::{TierKind, TierOptions, TierReport};
 pub use tokenizer::TextTokenizer;
 
 /// Opens a model: a `.gguf` file, or a directory with `config.json`, `*.safetensors` and

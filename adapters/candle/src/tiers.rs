@@ -1,8 +1,13 @@
 //! Fast tiers for a whole model: one byte budget for every layer, the hottest neurons of all
 //! layers placed first (PowerInfer's global placement), the rest of the budget as neuron caches.
 
+use std::sync::Arc;
+
 use powerinfer::analysis::ActivationStats;
-use powerinfer::{plan_placement, LayerPlacement, ReferenceTier, TierBudget, TierCounters};
+use powerinfer::{
+    plan_placement, FastTier, LayerPlacement, NeuronBundles, ReferenceTier, TierBudget,
+    TierCounters,
+};
 
 use crate::error::{check_count, Result};
 use crate::model::{Ffn, Llama};
@@ -20,8 +25,8 @@ pub struct TierOptions {
     pub cache_window: u64,
     /// Layers computed densely on the CPU, with no fast tier (every neuron, every token).
     pub force_dense_layers: Vec<usize>,
-    /// Threads of each layer's reference tier.
-    pub threads: usize,
+    /// Which tier.
+    pub kind: TierKind,
 }
 
 impl Default for TierOptions {
@@ -31,14 +36,139 @@ impl Default for TierOptions {
             cache_share: 0.0,
             cache_window: 1,
             force_dense_layers: Vec::new(),
-            threads: 1,
+            kind: TierKind::Reference { threads: 1 },
         }
     }
 }
 
-/// What [`Llama::attach_reference_tiers`] placed.
+/// Which fast tier [`Llama::attach_tiers`] builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierKind {
+    /// [`ReferenceTier`]: CPU threads of its own (`threads` per layer), for tests and for
+    /// measuring the split without a GPU.
+    Reference {
+        /// Threads per layer.
+        threads: usize,
+    },
+    /// [`powerinfer::CudaTier`] on CUDA device `ordinal` (builds with the `cuda` feature; in
+    /// other builds, and without a device, every layer stays on the CPU with a warning).
+    Cuda {
+        /// The device.
+        ordinal: usize,
+    },
+}
+
+impl std::str::FromStr for TierKind {
+    type Err = powerinfer::Error;
+
+    /// `reference`, `reference:THREADS`, `cuda` or `cuda:ORDINAL`.
+    fn from_str(s: &str) -> powerinfer::Result<Self> {
+        let (kind, n) = match s.split_once(':') {
+            Some((k, n)) => (k, Some(n)),
+            None => (s, None),
+        };
+        let num = |default: usize| -> powerinfer::Result<usize> {
+            n.map_or(Ok(default), |n| {
+                n.parse().map_err(|_| {
+                    powerinfer::Error::config("tier", format!("`{n}` is not a number (in `{s}`)"))
+                })
+            })
+        };
+        match kind {
+            "reference" => match num(1)? {
+                0 => Err(powerinfer::Error::config(
+                    "tier",
+                    "the reference tier needs a thread",
+                )),
+                threads => Ok(TierKind::Reference { threads }),
+            },
+            "cuda" => Ok(TierKind::Cuda { ordinal: num(0)? }),
+            _ => Err(powerinfer::Error::config(
+                "tier",
+                format!("`{s}`: expected reference[:THREADS] or cuda[:DEVICE]"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TierKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TierKind::Reference { threads } => write!(f, "reference:{threads}"),
+            TierKind::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+/// A device to build layers' tiers on.
+enum Builder {
+    Reference(usize),
+    #[cfg(feature = "cuda")]
+    Cuda(candle_core::CudaDevice),
+}
+
+impl Builder {
+    /// The device for `kind`, or why there is none (the caller warns and stays on the CPU).
+    fn open(kind: TierKind) -> std::result::Result<Builder, String> {
+        match kind {
+            TierKind::Reference { threads } => Ok(Builder::Reference(threads)),
+            #[cfg(feature = "cuda")]
+            TierKind::Cuda { ordinal } => powerinfer::cuda_device(ordinal)
+                .map(Builder::Cuda)
+                .map_err(|e| e.to_string()),
+            #[cfg(not(feature = "cuda"))]
+            TierKind::Cuda { .. } => {
+                Err("this build has no CUDA support (build with `--features cuda`)".into())
+            }
+        }
+    }
+
+    /// Bytes a hot neuron of `b` takes in the tier.
+    fn neuron_bytes(&self, b: &NeuronBundles) -> u64 {
+        match self {
+            Builder::Reference(_) => ReferenceTier::neuron_bytes(b),
+            #[cfg(feature = "cuda")]
+            Builder::Cuda(_) => powerinfer::CudaTier::neuron_bytes(b),
+        }
+    }
+
+    /// Bytes of a layer's per-call buffers at most (`capacity` neurons held).
+    fn work_bytes(&self, b: &NeuronBundles, capacity: usize) -> u64 {
+        let _ = (b, capacity);
+        match self {
+            Builder::Reference(_) => 0,
+            #[cfg(feature = "cuda")]
+            Builder::Cuda(_) => powerinfer::CudaTier::work_bytes(b, capacity),
+        }
+    }
+
+    fn build(
+        &self,
+        b: &NeuronBundles,
+        hot: &[u32],
+        slots: usize,
+        budget: &Arc<TierBudget>,
+        window: u64,
+    ) -> powerinfer::Result<Box<dyn FastTier>> {
+        Ok(match self {
+            Builder::Reference(threads) => Box::new(
+                ReferenceTier::new(b, hot, slots, budget, *threads)?.with_cache_window(window)?,
+            ),
+            #[cfg(feature = "cuda")]
+            Builder::Cuda(dev) => Box::new(
+                powerinfer::CudaTier::new(dev, b, hot, slots, budget)?.with_cache_window(window)?,
+            ),
+        })
+    }
+}
+
+/// What [`Llama::attach_tiers`] placed.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TierReport {
+    /// The tier (`reference`, `cuda:0`).
+    pub tier: String,
+    /// Why some or all layers stayed on the CPU (no device, out of memory), if any did.
+    pub fallback: Option<String>,
     /// The budget, bytes.
     pub budget: u64,
     /// Bytes reserved by all tiers (never above `budget`).
@@ -93,12 +223,17 @@ impl Llama {
             .collect())
     }
 
-    /// Gives every hybrid layer (but the forced-dense ones) a [`ReferenceTier`]: the hottest
-    /// neurons of all layers by `frequencies` (one vector per layer, e.g. an artifact's counts or
-    /// [`Llama::neuron_frequencies`]) until `(1 - cache_share) * budget` is spent, then equal
-    /// cache slots per layer from the rest. Every tier reserves its bytes under one
-    /// [`TierBudget`], so the total never passes `budget`. Replaces the layers' placements.
-    pub fn attach_reference_tiers(
+    /// Gives every hybrid layer (but the forced-dense ones) a fast tier of `opts.kind`: the
+    /// hottest neurons of all layers by `frequencies` (one vector per layer, e.g. an artifact's
+    /// counts or [`Llama::neuron_frequencies`]) until `(1 - cache_share)` of the budget (less
+    /// the tiers' buffers) is spent, then equal cache slots per layer from the rest. Every tier
+    /// reserves its bytes under one [`TierBudget`], so the total never passes `budget`.
+    /// Replaces the layers' placements.
+    ///
+    /// No device (or a build without it) leaves every layer on the CPU, and a layer whose tier
+    /// cannot be allocated (out of memory) stays on the CPU: both are logged as warnings and
+    /// named in [`TierReport::fallback`], not errors.
+    pub fn attach_tiers(
         &mut self,
         opts: &TierOptions,
         frequencies: &[Vec<f64>],
@@ -125,26 +260,46 @@ impl Llama {
             hybrids.len(),
             frequencies.len(),
         )?;
+        for (l, h) in hybrids.iter_mut().enumerate() {
+            h.detach_tier();
+            h.set_force_dense(opts.force_dense_layers.contains(&l));
+        }
+        let mut report = TierReport {
+            tier: opts.kind.to_string(),
+            budget: opts.budget,
+            ..Default::default()
+        };
+        let builder = match Builder::open(opts.kind) {
+            Ok(b) => b,
+            Err(why) => {
+                tracing::warn!(
+                    "no fast tier `{}`: {why}; the FFN runs on the CPU",
+                    opts.kind
+                );
+                report.fallback = Some(why);
+                return Ok(report);
+            }
+        };
         let tiered: Vec<usize> = (0..layers)
             .filter(|l| !opts.force_dense_layers.contains(l))
             .collect();
         let per: Vec<u64> = tiered
             .iter()
-            .map(|&l| ReferenceTier::neuron_bytes(hybrids[l].bundles()))
+            .map(|&l| builder.neuron_bytes(hybrids[l].bundles()))
             .collect();
-        let mut report = TierReport {
-            budget: opts.budget,
-            ..Default::default()
-        };
+        let mut buffers = 0u64;
         for (&l, &p) in tiered.iter().zip(&per) {
+            let (b, n) = (hybrids[l].bundles(), hybrids[l].spec().intermediate);
             check_count(
                 &format!("layer {l} neuron frequencies"),
-                hybrids[l].spec().intermediate,
+                n,
                 frequencies[l].len(),
             )?;
-            report.ffn_bytes += p * hybrids[l].spec().intermediate as u64;
+            report.ffn_bytes += p * n as u64;
+            buffers += builder.work_bytes(b, n);
         }
-        let hot_budget = (opts.budget as f64 * (1.0 - opts.cache_share)) as u64;
+        let hot_budget =
+            ((opts.budget as f64 * (1.0 - opts.cache_share)) as u64).saturating_sub(buffers);
         let smallest = per.iter().copied().min().unwrap_or(u64::MAX);
         let hot: Vec<LayerPlacement> = if hot_budget >= smallest {
             let f: Vec<Vec<f64>> = tiered.iter().map(|&l| frequencies[l].clone()).collect();
@@ -160,12 +315,8 @@ impl Llama {
             .zip(&per)
             .map(|(h, p)| h.hot().len() as u64 * p)
             .sum();
-        let cache_bytes = opts.budget - hot_bytes.min(opts.budget);
-        for (l, h) in hybrids.iter_mut().enumerate() {
-            // The old tiers' bytes are not in this budget: drop them first all the same.
-            h.detach_tier();
-            h.set_force_dense(opts.force_dense_layers.contains(&l));
-        }
+        let cache_bytes = opts.budget.saturating_sub(hot_bytes + buffers);
+        let mut failed = Vec::new();
         for ((&l, placement), &p) in tiered.iter().zip(hot).zip(&per) {
             let h = &mut hybrids[l];
             h.set_placement(placement)?;
@@ -174,20 +325,44 @@ impl Llama {
             if h.placement().hot().is_empty() && slots == 0 {
                 continue;
             }
-            let tier = ReferenceTier::new(
-                h.bundles(),
-                h.placement().hot(),
-                slots,
-                &budget,
-                opts.threads,
-            )?
-            .with_cache_window(opts.cache_window)?;
-            report.hot_neurons += h.placement().hot().len();
-            report.cache_slots += slots;
-            h.attach_tier(Box::new(tier))?;
+            let hot = h.placement().hot().to_vec();
+            match builder.build(h.bundles(), &hot, slots, &budget, opts.cache_window) {
+                Ok(tier) => {
+                    report.hot_neurons += hot.len();
+                    report.cache_slots += slots;
+                    h.attach_tier(tier)?;
+                }
+                Err(e) => {
+                    tracing::warn!("layer {l}: no fast tier ({e}); it runs on the CPU");
+                    h.set_placement(LayerPlacement::all_cold(h.spec().intermediate))?;
+                    failed.push(format!("layer {l}: {e}"));
+                }
+            }
+        }
+        if !failed.is_empty() {
+            report.fallback = Some(failed.join("; "));
         }
         report.reserved = budget.used();
         Ok(report)
+    }
+
+    /// The bytes every hybrid layer's neurons (but `force_dense_layers`') take in a tier of
+    /// `kind`: what a budget of 100% is. Quantized layers take their f16 size in a CUDA tier.
+    pub fn full_tier_bytes(&self, kind: TierKind, force_dense_layers: &[usize]) -> u64 {
+        let per = |b: &NeuronBundles| match kind {
+            #[cfg(feature = "cuda")]
+            TierKind::Cuda { .. } => powerinfer::CudaTier::neuron_bytes(b),
+            _ => ReferenceTier::neuron_bytes(b),
+        };
+        self.layers
+            .iter()
+            .enumerate()
+            .filter(|(l, _)| !force_dense_layers.contains(l))
+            .map(|(_, layer)| match &layer.ffn {
+                Ffn::Hybrid(h) => per(h.bundles()) * h.spec().intermediate as u64,
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Detaches every layer's fast tier (everything on the CPU again; their bytes are given

@@ -3,7 +3,7 @@
 //! greedy tokens, no budget is passed, and the counters show the split and the cache at work.
 
 use powerinfer::{HybridOptions, Neurons};
-use powerinfer_candle::{generate, open, FfnMode, GenerateOptions, Llama, TierOptions};
+use powerinfer_candle::{generate, open, FfnMode, GenerateOptions, Llama, TierKind, TierOptions};
 use powerinfer_data as fetch;
 
 const PROMPT: [u32; 4] = [1, 504, 3458, 282];
@@ -48,7 +48,7 @@ fn tiers_match_the_cpu_model_within_budget() {
     let freq = m.neuron_frequencies(&calib, 64).unwrap();
     assert_eq!(freq.len(), m.config().layers);
     assert!(freq.iter().flatten().any(|&f| f > 0.0 && f < 1.0));
-    let full = tier_bytes(&m);
+    let full = m.full_tier_bytes(TierKind::Reference { threads: 1 }, &[]);
     for (fraction, cache_share) in [(0.25, 0.0), (0.25, 0.5), (0.5, 0.25), (1.0, 0.0)] {
         let budget = (full as f64 * fraction) as u64;
         let opts = TierOptions {
@@ -56,9 +56,9 @@ fn tiers_match_the_cpu_model_within_budget() {
             cache_share,
             cache_window: 2,
             force_dense_layers: vec![],
-            threads: 1,
+            kind: TierKind::Reference { threads: 1 },
         };
-        let report = m.attach_reference_tiers(&opts, &freq).unwrap();
+        let report = m.attach_tiers(&opts, &freq).unwrap();
         assert!(report.reserved <= budget, "{report:?}");
         assert!(
             report.reserved > budget / 2,
@@ -104,7 +104,7 @@ fn tiers_match_the_cpu_model_within_budget() {
         force_dense_layers: vec![0, 3],
         ..Default::default()
     };
-    m.attach_reference_tiers(&opts, &freq).unwrap();
+    m.attach_tiers(&opts, &freq).unwrap();
     let tiered: Vec<bool> = m
         .ffns()
         .map(|f| match f {
@@ -117,17 +117,45 @@ fn tiers_match_the_cpu_model_within_budget() {
         budget: 0,
         ..Default::default()
     };
-    let e = m.attach_reference_tiers(&bad, &freq).unwrap_err();
+    let e = m.attach_tiers(&bad, &freq).unwrap_err();
     assert!(e.to_string().contains("zero budget"), "{e}");
     let bad = TierOptions {
         budget: full,
         force_dense_layers: vec![99],
         ..Default::default()
     };
-    let e = m.attach_reference_tiers(&bad, &freq).unwrap_err();
+    let e = m.attach_tiers(&bad, &freq).unwrap_err();
     assert!(e.to_string().contains("layer 99"), "{e}");
+    // A tier kind with no device (a build without `cuda`, or no GPU): every layer stays on the
+    // CPU, said in the report, and the model still runs.
+    let none = TierOptions {
+        budget: full,
+        kind: TierKind::Cuda { ordinal: 7 },
+        ..Default::default()
+    };
+    let r = m.attach_tiers(&none, &freq).unwrap();
+    assert!(
+        r.fallback.is_some() && r.reserved == 0 && r.hot_neurons == 0,
+        "{r:?}"
+    );
+    assert!(m.ffns().all(|f| match f {
+        powerinfer_candle::Ffn::Hybrid(h) => h.fast_tier().is_none(),
+        _ => true,
+    }));
+    assert_eq!(greedy(&mut m).1, tokens);
+    assert_eq!(
+        "cuda:2".parse::<TierKind>().unwrap(),
+        TierKind::Cuda { ordinal: 2 }
+    );
+    assert_eq!(
+        "reference".parse::<TierKind>().unwrap(),
+        TierKind::Reference { threads: 1 }
+    );
+    for bad in ["gpu", "cuda:x", "reference:0"] {
+        assert!(bad.parse::<TierKind>().is_err(), "{bad}");
+    }
     let e = m
-        .attach_reference_tiers(
+        .attach_tiers(
             &TierOptions {
                 budget: full,
                 ..Default::default()
@@ -173,13 +201,13 @@ fn every_layer_equals_the_cpu_layer() {
     let freq: Vec<Vec<f64>> = (0..layers)
         .map(|_| (0..n).map(|i| 1.0 / (1.0 + i as f64)).collect())
         .collect();
-    let full = tier_bytes(&m);
+    let full = m.full_tier_bytes(TierKind::Reference { threads: 1 }, &[]);
     let opts = TierOptions {
         budget: full / 3,
         cache_share: 0.25,
         ..Default::default()
     };
-    let report = m.attach_reference_tiers(&opts, &freq).unwrap();
+    let report = m.attach_tiers(&opts, &freq).unwrap();
     assert!(
         report.hot_neurons > 0 && report.cache_slots > 0,
         "{report:?}"
@@ -199,16 +227,4 @@ fn every_layer_equals_the_cpu_layer() {
     }
     let c = m.take_tier_counters();
     assert!(c.hits > 0 && c.fills > 0, "{c:?}");
-}
-
-/// The bytes every layer's neurons take in a tier: a budget of 100%.
-fn tier_bytes(m: &Llama) -> u64 {
-    m.ffns()
-        .map(|f| match f {
-            powerinfer_candle::Ffn::Hybrid(h) => {
-                powerinfer::ReferenceTier::neuron_bytes(h.bundles()) * h.spec().intermediate as u64
-            }
-            _ => 0,
-        })
-        .sum()
 }

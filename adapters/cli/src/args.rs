@@ -96,6 +96,36 @@ impl FromStr for VramBudget {
     }
 }
 
+/// `--tier`: which fast tier the tier rows use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tier(pub powerinfer_candle::TierKind);
+
+impl Default for Tier {
+    fn default() -> Self {
+        Tier(if cfg!(feature = "cuda") {
+            powerinfer_candle::TierKind::Cuda { ordinal: 0 }
+        } else {
+            powerinfer_candle::TierKind::Reference { threads: 1 }
+        })
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for Tier {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse()
+            .map(Tier)
+            .map_err(|e: powerinfer::Error| e.to_string())
+    }
+}
+
 /// A share in `[0, 1]` (`--cache`).
 pub fn unit_fraction(s: &str) -> Result<f64, String> {
     fraction(s, 1.0)

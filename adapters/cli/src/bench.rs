@@ -381,20 +381,7 @@ fn measure_tiers(
             sp.m.model.neuron_frequencies(&calib, 256)?
         }
     };
-    let tiered = |l: usize| !a.force_dense_layers.contains(&l);
-    let ffn_bytes: u64 = sp
-        .m
-        .model
-        .ffns()
-        .enumerate()
-        .filter(|(l, _)| tiered(*l))
-        .map(|(_, f)| match f {
-            powerinfer_candle::Ffn::Hybrid(h) => {
-                powerinfer::ReferenceTier::neuron_bytes(h.bundles()) * h.spec().intermediate as u64
-            }
-            _ => 0,
-        })
-        .sum();
+    let ffn_bytes = sp.m.model.full_tier_bytes(a.tier.0, &a.force_dense_layers);
     for b in &a.vram_budget {
         let budget = b.bytes(ffn_bytes);
         let label = format!("tier {b}");
@@ -407,16 +394,18 @@ fn measure_tiers(
                 cache_share: a.cache,
                 cache_window: a.cache_window,
                 force_dense_layers: a.force_dense_layers.clone(),
-                threads: a.tier_threads as usize,
+                kind: a.tier.0,
             };
-            let r = sp.m.model.attach_reference_tiers(&opts, &freq)?;
+            let r = sp.m.model.attach_tiers(&opts, &freq)?;
             notes.push(format!(
-                "{label}: budget {:.2} MB of {:.2} MB FFN bytes, reserved {:.2} MB: {} hot neurons, {} cache slots",
+                "{label} ({}): budget {:.2} MB of {:.2} MB FFN bytes, reserved {:.2} MB: {} hot neurons, {} cache slots{}",
+                r.tier,
                 budget as f64 / 1e6,
                 ffn_bytes as f64 / 1e6,
                 r.reserved as f64 / 1e6,
                 r.hot_neurons,
-                r.cache_slots
+                r.cache_slots,
+                r.fallback.map_or(String::new(), |f| format!("; on the CPU: {f}"))
             ));
         }
         let mut row = measure(&mut sp.m.model, prompt, a.decode_tokens, a.runs, &label)?;

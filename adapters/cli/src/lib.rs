@@ -222,10 +222,10 @@ pub struct BenchArgs {
     /// Which of our rows to run, comma-separated (candle, reference, dense, all, sparse, input).
     #[arg(long, default_value = "candle,reference,dense,all,sparse,input")]
     pub modes: String,
-    /// Also run the sparse model with a fast tier in every layer, one row per budget: a share
-    /// of the FFN weights' bytes or bytes, comma-separated (e.g. `0%,25%,50%,100%`). The hottest
-    /// neurons of all layers go first (the artifact's counts, or counts measured on calibration
-    /// text). Without a GPU the tier is the reference tier: CPU threads of its own.
+    /// Also run the sparse model with a fast tier in every layer (`--tier`), one row per
+    /// budget: a share of the FFN weights' bytes or bytes, comma-separated (e.g.
+    /// `0%,25%,50%,100%`). The hottest neurons of all layers go first (the artifact's counts,
+    /// or counts measured on calibration text).
     #[arg(long, value_delimiter = ',', value_name = "BUDGETS")]
     pub vram_budget: Vec<args::VramBudget>,
     /// Share of each `--vram-budget` kept for neuron caches (cold neurons the CPU used are copied
@@ -238,9 +238,11 @@ pub struct BenchArgs {
     /// Layers computed densely on the CPU in the tier rows, comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "LAYERS")]
     pub force_dense_layers: Vec<usize>,
-    /// Threads of each layer's reference tier.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub tier_threads: u64,
+    /// The fast tier of the `--vram-budget` rows: `cuda[:DEVICE]` (builds with the `cuda`
+    /// feature) or `reference[:THREADS]` (CPU threads of its own, to measure the split without
+    /// a GPU). Default: `cuda` in a CUDA build, else `reference`.
+    #[arg(long, default_value_t = args::Tier::default())]
+    pub tier: args::Tier,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
