@@ -16,6 +16,7 @@ mod upload;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaEvent, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg,
     ValidAsZeroBits,
@@ -101,6 +102,11 @@ struct Work {
     out_host: PinnedHostSlice<f32>,
     /// The launched call: rows, neurons, and the event after its copies back.
     pending: Option<(usize, usize, CudaEvent)>,
+    /// With kernel timing on: events around the launched call's kernels.
+    timed: Option<(CudaEvent, CudaEvent)>,
+    /// Kernel time of the calls since timing was turned on, ms.
+    kernel_ms: f64,
+    timing: bool,
     /// Storage indices of the last call's contributing neurons.
     used: Vec<u32>,
 }
@@ -237,6 +243,9 @@ impl CudaTier {
             out: dev.clone_htod(&vec![f32::NAN; MAX_ROWS * h])?,
             out_host: pinned(dev, MAX_ROWS * h, &name)?,
             pending: None,
+            timed: None,
+            kernel_ms: 0.0,
+            timing: false,
             used: Vec::new(),
         };
         // Load the module now: a PTX the driver cannot compile fails here, not mid-call.
@@ -283,6 +292,22 @@ impl CudaTier {
             .cache
             .set_window(window)?;
         Ok(self)
+    }
+
+    /// Starts (or stops) timing the kernels of each call with CUDA events, and resets the
+    /// total: for measuring the kernels apart from the copies and the synchronisation.
+    pub fn time_kernels(&self, on: bool) {
+        let mut w = self.work.lock().unwrap_or_else(|e| e.into_inner());
+        w.timing = on;
+        w.kernel_ms = 0.0;
+    }
+
+    /// Kernel time of the calls finished since [`CudaTier::time_kernels`], ms.
+    pub fn kernel_ms(&self) -> f64 {
+        self.work
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .kernel_ms
     }
 
     fn set_held(&self, neuron: u32, on: bool) {
@@ -512,9 +537,18 @@ impl FastTier for CudaTier {
                 .memcpy_htod(&mask_host[..], &mut mask.slice_mut(..rows * count))
                 .map_err(|e| err(&e))?;
         }
+        let timer = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+        let start = if work.timing {
+            Some(timer().map_err(|e| err(&e))?)
+        } else {
+            None
+        };
         for r0 in (0..rows).step_by(BLOCK_ROWS) {
             let rb = (rows - r0).min(BLOCK_ROWS);
             self.run_block(&store, &mut work, r0, rb, count, call.rule)?;
+        }
+        if let Some(start) = start {
+            work.timed = Some((start, timer().map_err(|e| err(&e))?));
         }
         {
             let Work {
@@ -549,6 +583,9 @@ impl FastTier for CudaTier {
         };
         let err = dev_err(&self.name);
         done.synchronize().map_err(|e| err(&e))?;
+        if let Some((start, end)) = work.timed.take() {
+            work.kernel_ms += f64::from(start.elapsed_ms(&end).map_err(|e| err(&e))?);
+        }
         let h = self.hidden;
         if out.len() != rows * h {
             return Err(Error::count("fast tier output values", rows * h, out.len()));
