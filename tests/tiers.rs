@@ -355,6 +355,8 @@ fn small_cache_evicts_and_stays_exact() {
 struct Failing {
     at_launch: bool,
     inner: ReferenceTier,
+    /// Set if `observe` is called (it must not be, once the tier failed).
+    observed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FastTier for Failing {
@@ -378,6 +380,10 @@ impl FastTier for Failing {
         self.inner.finish(&mut scratch)?;
         Err(powerinfer::Error::tier("failing", "lost the device (test)"))
     }
+    fn observe(&self, _: &NeuronBundles, _: &[u32]) -> powerinfer::Result<()> {
+        self.observed.store(true, Ordering::Relaxed);
+        Ok(())
+    }
     fn take_counters(&self) -> TierCounters {
         self.inner.take_counters()
     }
@@ -396,8 +402,13 @@ fn failing_tier_falls_back_to_the_cpu() {
             .unwrap()
             .with_placement(LayerPlacement::new(96, hot, None).unwrap())
             .unwrap();
-        ffn.attach_tier(Box::new(Failing { at_launch, inner }))
-            .unwrap();
+        let observed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        ffn.attach_tier(Box::new(Failing {
+            at_launch,
+            inner,
+            observed: observed.clone(),
+        }))
+        .unwrap();
         let mut rng = StdRng::seed_from_u64(6);
         for _ in 0..2 {
             let x = tensor(&mut rng, &[3, 64], 1.0);
@@ -406,6 +417,10 @@ fn failing_tier_falls_back_to_the_cpu() {
             assert!(e <= 1e-5, "at_launch={at_launch}: rel err {e}");
             assert!(ffn.fast_tier().is_none(), "a failed tier is not used again");
         }
+        assert!(
+            !observed.load(Ordering::Relaxed),
+            "a failed tier is not asked to fill"
+        );
     }
 }
 

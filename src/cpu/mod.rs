@@ -66,6 +66,7 @@ fn prefetch_with<const HINT: i32, T>(s: &[T]) {
 pub(crate) const PREFETCH_AHEAD: usize = 4;
 pub(crate) use packed::gemm;
 pub use packed::{PackedRows, PACK};
+pub(crate) use pool::spin;
 pub use pool::{share, Pool, SPIN_ENV};
 pub use quant::{dequantize_row, quantize_row_q8_0, QuantKind, QuantizedRow, QK};
 pub(crate) use sparse::{SparseJob, ThreadScratch};

@@ -27,7 +27,7 @@ const SPIN: Duration = Duration::from_micros(100);
 /// set 0 so idle workers give their core back at once.
 pub const SPIN_ENV: &str = "POWERINFER_POOL_SPIN_US";
 
-fn spin() -> Duration {
+pub(crate) fn spin() -> Duration {
     static SPIN_US: OnceLock<Duration> = OnceLock::new();
     *SPIN_US.get_or_init(|| {
         std::env::var(SPIN_ENV)

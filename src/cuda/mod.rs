@@ -13,7 +13,6 @@
 
 mod upload;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
@@ -24,9 +23,9 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::CudaDevice;
 use half::{bf16, f16};
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::ffn::NeuronBundles;
-use crate::hybrid::{FastTier, NeuronCache, Reservation, TierBudget, TierCall, TierCounters};
+use crate::hybrid::{FastTier, Reservation, Residency, TierBudget, TierCall, TierCounters};
 use upload::{DeviceDType, HostRows};
 
 /// The kernels, compiled to PTX by `build.rs`.
@@ -40,7 +39,6 @@ const BLOCK_ROWS: usize = 16;
 /// Most chunks the down sum is split into, and the fewest neurons per chunk.
 const CHUNKS: usize = 32;
 const MIN_CHUNK: usize = 64;
-const NONE: u32 = u32::MAX;
 
 /// Opens CUDA device `ordinal` through candle. No driver, no device, or a library that cannot
 /// be loaded is a [`ErrorKind::Tier`] error naming the cause (never a panic).
@@ -72,17 +70,12 @@ enum Weights {
     BF16(CudaSlice<bf16>),
 }
 
-/// Held neurons and where they are.
+/// The held neurons in device memory: placed hot neurons first, then the cache slots (where
+/// each neuron lies is the `Residency`'s).
 struct Store {
     weights: Weights,
     gate_bias: CudaSlice<f32>,
     up_bias: CudaSlice<f32>,
-    /// Storage index of each neuron of the layer (`NONE`: not held).
-    local: Vec<u32>,
-    /// The layer's neuron at each storage index (`NONE`: an empty slot).
-    ids: Vec<u32>,
-    hot: usize,
-    cache: NeuronCache,
     /// Recorded after the last cache fills on the copy stream; the next launch waits on it.
     filled: Option<CudaEvent>,
 }
@@ -123,7 +116,7 @@ pub struct CudaTier {
     stride: usize,
     neuron_bytes: u64,
     store: Mutex<Store>,
-    held: Vec<AtomicU64>,
+    residency: Residency,
     work: Mutex<Work>,
     counters: Mutex<TierCounters>,
     reservation: Reservation,
@@ -210,9 +203,8 @@ impl CudaTier {
             ),
         )?;
         let err = dev_err(&name);
-        let mut ids = placement.hot().to_vec();
         // Spare slots are uploaded as copies of neuron 0; they are not held until filled.
-        let mut upload_ids = ids.clone();
+        let mut upload_ids = placement.hot().to_vec();
         upload_ids.resize(capacity, 0);
         let weights = match upload::rows(bundles, &upload_ids)? {
             HostRows::F32(v) => Weights::F32(dev.clone_htod(&v)?),
@@ -221,13 +213,7 @@ impl CudaTier {
         };
         let (gb, ub) = upload::biases(bundles, &upload_ids);
         let (gate_bias, up_bias) = (dev.clone_htod(&gb)?, dev.clone_htod(&ub)?);
-        ids.resize(capacity, NONE);
-        let mut local = vec![NONE; n];
-        let held: Vec<AtomicU64> = (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-        for (k, &i) in placement.hot().iter().enumerate() {
-            local[i as usize] = k as u32;
-            held[i as usize / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
-        }
+        let residency = Residency::new(n, placement.hot(), cache_slots)?;
         let h = spec.hidden;
         let work = Work {
             x_host: pinned(dev, MAX_ROWS * h, &name)?,
@@ -270,13 +256,9 @@ impl CudaTier {
                 weights,
                 gate_bias,
                 up_bias,
-                local,
-                ids,
-                hot: hot.len(),
-                cache: NeuronCache::new(n, cache_slots)?,
                 filled: None,
             }),
-            held,
+            residency,
             work: Mutex::new(work),
             counters: Mutex::new(TierCounters::default()),
             reservation,
@@ -284,13 +266,9 @@ impl CudaTier {
     }
 
     /// Keeps every cached neuron used in the last `window` calls (see
-    /// [`NeuronCache::with_window`]); the default is 1.
+    /// [`crate::NeuronCache::with_window`]); the default is 1.
     pub fn with_cache_window(self, window: u64) -> Result<Self> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .cache
-            .set_window(window)?;
+        self.residency.set_window(window)?;
         Ok(self)
     }
 
@@ -308,16 +286,6 @@ impl CudaTier {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .kernel_ms
-    }
-
-    fn set_held(&self, neuron: u32, on: bool) {
-        let bit = 1u64 << (neuron % 64);
-        let w = &self.held[neuron as usize / 64];
-        if on {
-            w.fetch_or(bit, Ordering::Release);
-        } else {
-            w.fetch_and(!bit, Ordering::Release);
-        }
     }
 
     /// Queues the three kernels for rows `r0..r0 + rows` of the call (`count` listed neurons).
@@ -447,9 +415,7 @@ impl FastTier for CudaTier {
 
     #[inline]
     fn holds(&self, neuron: usize) -> bool {
-        self.held
-            .get(neuron / 64)
-            .is_some_and(|w| w.load(Ordering::Acquire) >> (neuron % 64) & 1 == 1)
+        self.residency.holds(neuron)
     }
 
     fn bytes(&self) -> u64 {
@@ -486,19 +452,10 @@ impl FastTier for CudaTier {
             mask_host,
             ..
         } = &mut *work;
-        list_host.clear();
+        self.residency.map(&self.name, call.neurons, list_host)?;
         mask_host.clear();
         mask_host.resize(rows * count, 0);
         for (k, &i) in call.neurons.iter().enumerate() {
-            let s = store.local.get(i as usize).copied().unwrap_or(NONE);
-            if s == NONE {
-                return Err(ErrorKind::Tier {
-                    tier: self.name.clone(),
-                    reason: format!("asked for neuron {i}, which it does not hold"),
-                }
-                .into());
-            }
-            list_host.push(s);
             // Mask layout: per block of `BLOCK_ROWS` rows, `[neuron][row in block]`.
             for r in 0..rows {
                 if call.set.is_all() || call.set.contains(r, i as usize) == Some(true) {
@@ -620,8 +577,7 @@ impl FastTier for CudaTier {
 
     fn observe(&self, src: &NeuronBundles, missed: &[u32]) -> Result<()> {
         let used = std::mem::take(&mut self.work.lock().unwrap_or_else(|e| e.into_inner()).used);
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        if store.cache.slots() == 0 {
+        if self.residency.slots() == 0 {
             return Ok(());
         }
         let theirs = src.spec();
@@ -631,75 +587,54 @@ impl FastTier for CudaTier {
             upload::stride(src),
             DeviceDType::of(src),
         ) != (self.hidden, self.gated, self.stride, self.dtype)
-            || theirs.intermediate != store.local.len()
+            || theirs.intermediate != self.residency.intermediate()
         {
             return Err(Error::tier(
                 &self.name,
                 format!("cache fill from another layer's weights ({theirs:?})"),
             ));
         }
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        store.cache.tick();
-        let hot = store.hot;
-        for &k in used.iter().filter(|&&k| k as usize >= hot) {
-            let i = store.ids[k as usize];
-            store.cache.touch(i as usize);
-            c.hits += 1;
-        }
-        c.misses += missed.len() as u64;
         let err = dev_err(&self.name);
-        let mut filled = false;
-        for &i in missed {
-            let Some(fill) = store.cache.admit(i as usize)? else {
-                continue;
-            };
-            if let Some(e) = fill.evicted {
-                store.local[e as usize] = NONE;
-                self.set_held(e, false);
-                c.evictions += 1;
-            }
-            let k = hot + fill.slot;
-            let range = k * self.stride..(k + 1) * self.stride;
-            // The copy runs on the copy stream; the next launch waits for it (`filled`).
-            match (upload::rows(src, &[i])?, &mut store.weights) {
-                (HostRows::F32(v), Weights::F32(w)) => {
-                    self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
+        // Each copy runs on the copy stream; the next launch waits for them (`filled`).
+        let filled = self
+            .residency
+            .observe(&used, missed, self.neuron_bytes, &mut c, |k, i| {
+                let range = k * self.stride..(k + 1) * self.stride;
+                let Store {
+                    weights,
+                    gate_bias,
+                    up_bias,
+                    ..
+                } = &mut *store;
+                match (upload::rows(src, &[i])?, weights) {
+                    (HostRows::F32(v), Weights::F32(w)) => {
+                        self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
+                    }
+                    (HostRows::F16(v), Weights::F16(w)) => {
+                        self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
+                    }
+                    (HostRows::BF16(v), Weights::BF16(w)) => {
+                        self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
+                    }
+                    _ => {
+                        return Err(Error::tier(
+                            &self.name,
+                            "cache fill of another element type",
+                        ))
+                    }
                 }
-                (HostRows::F16(v), Weights::F16(w)) => {
-                    self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
-                }
-                (HostRows::BF16(v), Weights::BF16(w)) => {
-                    self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
-                }
-                _ => {
-                    return Err(Error::tier(
-                        &self.name,
-                        "cache fill of another element type",
-                    ))
-                }
-            }
-            .map_err(|e| err(&e))?;
-            let (gb, ub) = upload::biases(src, &[i]);
-            let Store {
-                gate_bias,
-                up_bias,
-                local,
-                ids,
-                ..
-            } = &mut *store;
-            self.copy
-                .memcpy_htod(&gb, &mut gate_bias.slice_mut(k..k + 1))
                 .map_err(|e| err(&e))?;
-            self.copy
-                .memcpy_htod(&ub, &mut up_bias.slice_mut(k..k + 1))
-                .map_err(|e| err(&e))?;
-            local[i as usize] = k as u32;
-            ids[k] = i;
-            self.set_held(i, true);
-            c.fills += 1;
-            c.bytes_copied += self.neuron_bytes;
-            filled = true;
-        }
+                let (gb, ub) = upload::biases(src, &[i]);
+                self.copy
+                    .memcpy_htod(&gb, &mut gate_bias.slice_mut(k..k + 1))
+                    .map_err(|e| err(&e))?;
+                self.copy
+                    .memcpy_htod(&ub, &mut up_bias.slice_mut(k..k + 1))
+                    .map_err(|e| err(&e))?;
+                Ok(())
+            })?;
         if filled {
             store.filled = Some(self.copy.record_event(None).map_err(|e| err(&e))?);
         }

@@ -166,3 +166,164 @@ impl NeuronCache {
         self.order.insert((self.clock, slot as u32));
     }
 }
+
+/// Which neurons of a layer a tier holds and where: the placed hot neurons at storage indices
+/// `0..hot`, then the cache slots, with the cache's bookkeeping. The membership bits are read
+/// without a lock by the split ([`Residency::holds`]); the rest changes between calls only.
+/// Shared by the tiers, which keep only their memory.
+#[derive(Debug)]
+pub(crate) struct Residency {
+    intermediate: usize,
+    held: Vec<std::sync::atomic::AtomicU64>,
+    state: std::sync::Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Storage index of each neuron of the layer (`NONE`: not held).
+    local: Vec<u32>,
+    /// The layer's neuron at each storage index (`NONE`: an empty slot).
+    ids: Vec<u32>,
+    hot: usize,
+    cache: NeuronCache,
+}
+
+impl Residency {
+    /// `hot` (sorted, distinct, in range: a `LayerPlacement`'s) placed, `slots` empty slots.
+    pub fn new(intermediate: usize, hot: &[u32], slots: usize) -> Result<Self> {
+        use std::sync::atomic::AtomicU64;
+        let mut local = vec![NONE; intermediate];
+        let mut ids = hot.to_vec();
+        ids.resize(hot.len() + slots, NONE);
+        let held: Vec<AtomicU64> = (0..intermediate.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        let r = Residency {
+            intermediate,
+            held,
+            state: std::sync::Mutex::new(State {
+                local: Vec::new(),
+                ids,
+                hot: hot.len(),
+                cache: NeuronCache::new(intermediate, slots)?,
+            }),
+        };
+        for (k, &i) in hot.iter().enumerate() {
+            local[i as usize] = k as u32;
+            r.set_held(i, true);
+        }
+        r.lock().local = local;
+        Ok(r)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_held(&self, neuron: u32, on: bool) {
+        use std::sync::atomic::Ordering;
+        let bit = 1u64 << (neuron % 64);
+        let w = &self.held[neuron as usize / 64];
+        if on {
+            w.fetch_or(bit, Ordering::Release);
+        } else {
+            w.fetch_and(!bit, Ordering::Release);
+        }
+    }
+
+    /// Whether `neuron` is held (false out of range).
+    #[inline]
+    pub fn holds(&self, neuron: usize) -> bool {
+        self.held
+            .get(neuron / 64)
+            .is_some_and(|w| w.load(std::sync::atomic::Ordering::Acquire) >> (neuron % 64) & 1 == 1)
+    }
+
+    /// Neurons held now, sorted.
+    pub fn held(&self) -> Vec<u32> {
+        let s = self.lock();
+        (0..s.local.len() as u32)
+            .filter(|&i| s.local[i as usize] != NONE)
+            .collect()
+    }
+
+    /// Cache slots.
+    pub fn slots(&self) -> usize {
+        self.lock().cache.slots()
+    }
+
+    /// The layer's neuron count.
+    pub fn intermediate(&self) -> usize {
+        self.intermediate
+    }
+
+    /// See [`NeuronCache::set_window`].
+    pub fn set_window(&self, window: u64) -> Result<()> {
+        self.lock().cache.set_window(window)
+    }
+
+    /// Storage indices of `neurons` into `out`; a neuron not held is a `Tier` error of `tier`.
+    pub fn map(&self, tier: &str, neurons: &[u32], out: &mut Vec<u32>) -> Result<()> {
+        let s = self.lock();
+        out.clear();
+        for &i in neurons {
+            match s.local.get(i as usize) {
+                Some(&k) if k != NONE => out.push(k),
+                _ => {
+                    return Err(crate::error::Error::tier(
+                        tier,
+                        format!("asked for neuron {i}, which it does not hold"),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a call: the cached neurons among `used` (storage indices that contributed) are
+    /// hits and become most recent; each of `missed` (neurons the CPU computed and used) is a
+    /// miss and is admitted where a slot is free or evictable, `fill(storage index, neuron)`
+    /// doing the copy before it counts as held. Counts into `c` (`neuron_bytes` per fill);
+    /// returns whether anything was filled.
+    pub fn observe(
+        &self,
+        used: &[u32],
+        missed: &[u32],
+        neuron_bytes: u64,
+        c: &mut crate::hybrid::TierCounters,
+        mut fill: impl FnMut(usize, u32) -> Result<()>,
+    ) -> Result<bool> {
+        let mut s = self.lock();
+        if s.cache.slots() == 0 {
+            return Ok(false);
+        }
+        s.cache.tick();
+        let hot = s.hot;
+        for &k in used.iter().filter(|&&k| k as usize >= hot) {
+            let i = s.ids[k as usize];
+            s.cache.touch(i as usize);
+            c.hits += 1;
+        }
+        c.misses += missed.len() as u64;
+        let mut filled = false;
+        for &i in missed {
+            let Some(f) = s.cache.admit(i as usize)? else {
+                continue;
+            };
+            if let Some(e) = f.evicted {
+                s.local[e as usize] = NONE;
+                self.set_held(e, false);
+                c.evictions += 1;
+            }
+            let k = hot + f.slot;
+            fill(k, i)?;
+            s.local[i as usize] = k as u32;
+            s.ids[k] = i;
+            self.set_held(i, true);
+            c.fills += 1;
+            c.bytes_copied += neuron_bytes;
+            filled = true;
+        }
+        Ok(filled)
+    }
+}

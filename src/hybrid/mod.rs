@@ -16,6 +16,8 @@ mod reference;
 mod tier;
 
 pub use budget::{Reservation, TierBudget};
+#[cfg(feature = "cuda")]
+pub(crate) use cache::Residency;
 pub use cache::{CacheFill, NeuronCache};
 pub use neurons::Neurons;
 pub use place::{plan_placement, LayerPlacement, Placement};
@@ -602,7 +604,7 @@ impl HybridFfn {
                         .filter(|h| h.iter().any(|&v| v != 0.0))
                         .count();
             }
-        } else if let Some(t) = launched.or(tier) {
+        } else if let Some(t) = launched.or(tier).filter(|_| self.fast_tier().is_some()) {
             if let Err(e) = t.observe(&self.bundles, &s.missed) {
                 self.tier_failed(t, &e);
             }

@@ -4,34 +4,27 @@
 //! budget and the cache are tested exactly on any machine, and a device tier has a model to
 //! match.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::budget::{Reservation, TierBudget};
-use super::cache::NeuronCache;
+use super::cache::Residency;
 use super::tier::{FastTier, TierCall, TierCounters};
 use crate::active::ActiveSet;
 use crate::cpu::{Kernels, Pool, QuantizedRow, SparseJob, ThreadScratch};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::ffn::NeuronBundles;
 
 const NAME: &str = "reference";
-const NONE: u32 = u32::MAX;
+/// How long `finish` spins before it sleeps: longer than any one layer's share.
+const FINISH_SPIN: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// The tier's memory: the held neurons' bundles (placed hot neurons first, then the cache slots)
-/// and where each neuron of the layer lies in it.
+/// The tier's memory: the held neurons' bundles, placed hot neurons first, then the cache slots
+/// (where each neuron lies is the `Residency`'s).
 #[derive(Debug)]
 struct Store {
     bundles: NeuronBundles,
-    /// Storage index of each neuron of the layer (`NONE`: not held).
-    local: Vec<u32>,
-    /// The layer's neuron at each storage index (`NONE`: an empty slot).
-    ids: Vec<u32>,
-    /// Placed hot neurons (storage indices `0..hot`).
-    hot: usize,
-    cache: NeuronCache,
 }
 
 /// One launch's copied inputs (what a GPU would upload).
@@ -47,9 +40,54 @@ struct Job {
 /// a nonzero contribution.
 type Done = Result<(Vec<f32>, Vec<u32>)>;
 
+/// A job for the shared worker: the tier's memory, the copied inputs, where to answer.
+struct Task {
+    store: Arc<Mutex<Store>>,
+    job: Job,
+    reply: Sender<Done>,
+}
+
+/// The thread that computes every reference tier's calls with `threads` threads: one per thread
+/// count, shared by all layers (as the CPU pool is), so idle tiers do not each hold a spinning
+/// thread.
+struct Worker {
+    tasks: Sender<Task>,
+}
+
+impl Worker {
+    fn shared(threads: usize) -> Result<Arc<Worker>> {
+        static WORKERS: OnceLock<Mutex<HashMap<usize, Arc<Worker>>>> = OnceLock::new();
+        let map = WORKERS.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = map.get(&threads) {
+            return Ok(Arc::clone(w));
+        }
+        let kernels = Kernels::detect()?;
+        let (tasks, rx) = channel::<Task>();
+        std::thread::Builder::new()
+            .name(format!("powerinfer-reference-tier-{threads}"))
+            .spawn(move || {
+                let pool = Pool::new(threads);
+                let mut states = vec![ThreadScratch::default(); threads];
+                let mut xq = Vec::new();
+                while let Some(t) = receive(&rx, 10 * crate::cpu::spin()) {
+                    let store = t.store.lock().unwrap_or_else(|e| e.into_inner());
+                    let out = compute(&store, &kernels, &pool, &t.job, &mut xq, &mut states);
+                    drop(store);
+                    // A tier dropped while its call ran: nobody to answer.
+                    let _ = t.reply.send(out);
+                }
+            })
+            .map_err(|e| Error::tier(NAME, format!("cannot start its thread: {e}")))?;
+        let w = Arc::new(Worker { tasks });
+        map.insert(threads, Arc::clone(&w));
+        Ok(w)
+    }
+}
+
 #[derive(Debug)]
 struct Link {
-    jobs: Option<Sender<Job>>,
+    reply: Sender<Done>,
     done: Receiver<Done>,
     pending: bool,
     /// The last call's contributing neurons (storage indices), for the cache's bookkeeping.
@@ -57,20 +95,25 @@ struct Link {
 }
 
 /// A fast tier on CPU threads: holds the placed hot neurons and a cache of cold ones in memory of
-/// its own, reserved under a [`TierBudget`], and computes its share on a thread of its own while
-/// the CPU pool computes the rest. See the module docs for why it exists.
+/// its own, reserved under a [`TierBudget`], and computes its share on a thread of its own (one
+/// shared by all reference tiers with the same thread count) while the CPU pool computes the
+/// rest. See the module docs for why it exists.
 #[derive(Debug)]
 pub struct ReferenceTier {
     hidden: usize,
     neuron_bytes: u64,
     store: Arc<Mutex<Store>>,
-    /// One bit per neuron of the layer: held now (hot or cached). Read by the split without a
-    /// lock; written only between calls (by `observe`).
-    held: Vec<AtomicU64>,
+    residency: Residency,
     link: Mutex<Link>,
     counters: Mutex<TierCounters>,
-    worker: Option<JoinHandle<()>>,
+    worker: Arc<Worker>,
     _reservation: Reservation,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Worker")
+    }
 }
 
 impl ReferenceTier {
@@ -105,59 +148,28 @@ impl ReferenceTier {
             neuron_bytes.saturating_mul(capacity as u64),
             &format!("{} hot neurons and {cache_slots} cache slots", hot.len()),
         )?;
-        let cache = NeuronCache::new(n, cache_slots)?;
+        let residency = Residency::new(n, placement.hot(), cache_slots)?;
         // Spare slots start as copies of some neuron; they are not held until filled.
         let mut ids = placement.hot().to_vec();
         ids.resize(capacity, 0);
-        let stored = bundles.select(&ids)?;
-        let mut local = vec![NONE; n];
-        let mut ids = placement.hot().to_vec();
-        ids.resize(capacity, NONE);
-        let held: Vec<AtomicU64> = (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-        for (k, &i) in placement.hot().iter().enumerate() {
-            local[i as usize] = k as u32;
-            held[i as usize / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
-        }
         let store = Arc::new(Mutex::new(Store {
-            bundles: stored,
-            local,
-            ids,
-            hot: hot.len(),
-            cache,
+            bundles: bundles.select(&ids)?,
         }));
-        let (jobs, job_rx) = channel::<Job>();
-        let (done_tx, done) = channel::<Done>();
-        let kernels = Kernels::detect()?;
-        let worker_store = Arc::clone(&store);
-        let worker = std::thread::Builder::new()
-            .name("powerinfer-reference-tier".into())
-            .spawn(move || {
-                let pool = Pool::new(threads);
-                let mut states = vec![ThreadScratch::default(); threads];
-                let mut xq = Vec::new();
-                for job in job_rx {
-                    let store = worker_store.lock().unwrap_or_else(|e| e.into_inner());
-                    let out = compute(&store, &kernels, &pool, &job, &mut xq, &mut states);
-                    drop(store);
-                    if done_tx.send(out).is_err() {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| Error::tier(NAME, format!("cannot start its thread: {e}")))?;
+        let worker = Worker::shared(threads)?;
+        let (reply, done) = channel::<Done>();
         Ok(ReferenceTier {
             hidden: spec.hidden,
             neuron_bytes,
             store,
-            held,
+            residency,
             link: Mutex::new(Link {
-                jobs: Some(jobs),
+                reply,
                 done,
                 pending: false,
                 used: Vec::new(),
             }),
             counters: Mutex::new(TierCounters::default()),
-            worker: Some(worker),
+            worker,
             _reservation: reservation,
         })
     }
@@ -171,9 +183,7 @@ impl ReferenceTier {
     /// Keeps every cached neuron used in the last `window` calls (see
     /// [`NeuronCache::with_window`]); the default is 1.
     pub fn with_cache_window(self, window: u64) -> Result<Self> {
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        store.cache.set_window(window)?;
-        drop(store);
+        self.residency.set_window(window)?;
         Ok(self)
     }
 
@@ -187,20 +197,7 @@ impl ReferenceTier {
 
     /// Neurons held now: placed hot ones and cached ones, sorted.
     pub fn held(&self) -> Vec<u32> {
-        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        (0..store.local.len() as u32)
-            .filter(|&i| store.local[i as usize] != NONE)
-            .collect()
-    }
-
-    fn set_held(&self, neuron: u32, on: bool) {
-        let bit = 1u64 << (neuron % 64);
-        let w = &self.held[neuron as usize / 64];
-        if on {
-            w.fetch_or(bit, Ordering::Release);
-        } else {
-            w.fetch_and(!bit, Ordering::Release);
-        }
+        self.residency.held()
     }
 }
 
@@ -209,6 +206,23 @@ fn tier_neuron_bytes(bundles: &NeuronBundles) -> u64 {
     let spec = bundles.spec();
     let biases = [bundles.gate_bias.is_some(), bundles.up_bias.is_some()];
     spec.neuron_bytes(bundles.dtype()) as u64 + 4 * biases.iter().filter(|&&b| b).count() as u64
+}
+
+/// The next message: spins for up to `spin` first, then sleeps. Waking a sleeping thread costs
+/// 70-100 us on the 2-core virtual machines measured here, as much as half a layer's FFN, so
+/// both sides spin: the worker for ten times the pool's spin time between calls (a decode step's
+/// layers come a few hundred microseconds apart), `finish` until the partial arrives (its
+/// thread has nothing else to do). `None` when the other side is gone.
+fn receive<T>(rx: &Receiver<T>, spin: std::time::Duration) -> Option<T> {
+    let start = std::time::Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Some(v),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if start.elapsed() < spin => std::hint::spin_loop(),
+            Err(TryRecvError::Empty) => return rx.recv().ok(),
+        }
+    }
 }
 
 /// The worker's computation: the listed neurons (by storage index) over the job's rows.
@@ -259,9 +273,7 @@ impl FastTier for ReferenceTier {
 
     #[inline]
     fn holds(&self, neuron: usize) -> bool {
-        self.held
-            .get(neuron / 64)
-            .is_some_and(|w| w.load(Ordering::Acquire) >> (neuron % 64) & 1 == 1)
+        self.residency.holds(neuron)
     }
 
     fn bytes(&self) -> u64 {
@@ -282,25 +294,21 @@ impl FastTier for ReferenceTier {
         }
         // The copy to the tier's memory: input rows, the list and the rows' membership, in
         // storage indices (the layer's sets re-indexed to what this tier holds).
-        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let capacity = store.bundles.spec().intermediate;
         let mut neurons = Vec::with_capacity(call.neurons.len());
+        self.residency.map(NAME, call.neurons, &mut neurons)?;
+        let capacity = self
+            .store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .bundles
+            .spec()
+            .intermediate;
         let mut set = ActiveSet::new();
         set.reset(call.rows, capacity);
         if call.set.is_all() {
             set.fill_all();
-        }
-        for &i in call.neurons {
-            let k = store.local.get(i as usize).copied().unwrap_or(NONE);
-            if k == NONE {
-                return Err(ErrorKind::Tier {
-                    tier: NAME.into(),
-                    reason: format!("asked for neuron {i}, which it does not hold"),
-                }
-                .into());
-            }
-            neurons.push(k);
-            if !call.set.is_all() {
+        } else {
+            for (&i, &k) in call.neurons.iter().zip(&neurons) {
                 for r in 0..call.rows {
                     if call.set.contains(r, i as usize) == Some(true) {
                         set.insert(r, k as usize)?;
@@ -308,7 +316,6 @@ impl FastTier for ReferenceTier {
                 }
             }
         }
-        drop(store);
         set.finish();
         let job = Job {
             x: call.x.to_vec(),
@@ -318,8 +325,12 @@ impl FastTier for ReferenceTier {
             rule: call.rule,
         };
         let n = job.neurons.len() as u64;
-        let sent = link.jobs.as_ref().is_some_and(|tx| tx.send(job).is_ok());
-        if !sent {
+        let task = Task {
+            store: Arc::clone(&self.store),
+            job,
+            reply: link.reply.clone(),
+        };
+        if self.worker.tasks.send(task).is_err() {
             return Err(Error::tier(NAME, "its thread has stopped"));
         }
         link.pending = true;
@@ -336,10 +347,8 @@ impl FastTier for ReferenceTier {
         }
         link.pending = false;
         link.used.clear();
-        let (partial, used) = link
-            .done
-            .recv()
-            .map_err(|_| Error::tier(NAME, "its thread stopped during a call"))??;
+        let (partial, used) = receive(&link.done, FINISH_SPIN)
+            .ok_or_else(|| Error::tier(NAME, "its thread stopped during a call"))??;
         if partial.len() != out.len() {
             return Err(Error::count(
                 "fast tier output values",
@@ -357,14 +366,14 @@ impl FastTier for ReferenceTier {
     fn observe(&self, src: &NeuronBundles, missed: &[u32]) -> Result<()> {
         // The link before the store, as `launch` takes them (one lock order, no deadlock).
         let used = std::mem::take(&mut self.link.lock().unwrap_or_else(|e| e.into_inner()).used);
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        if store.cache.slots() == 0 {
+        if self.residency.slots() == 0 {
             return Ok(());
         }
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let (mine, theirs) = (store.bundles.spec(), src.spec());
         if (mine.hidden, mine.gated, store.bundles.dtype())
             != (theirs.hidden, theirs.gated, src.dtype())
-            || theirs.intermediate != store.local.len()
+            || theirs.intermediate != self.residency.intermediate()
         {
             return Err(Error::tier(
                 NAME,
@@ -372,51 +381,15 @@ impl FastTier for ReferenceTier {
             ));
         }
         let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        store.cache.tick();
-        let hot = store.hot;
-        for &k in used.iter().filter(|&&k| k as usize >= hot) {
-            let i = store.ids[k as usize];
-            store.cache.touch(i as usize);
-            c.hits += 1;
-        }
-        c.misses += missed.len() as u64;
-        for &i in missed {
-            let Some(fill) = store.cache.admit(i as usize)? else {
-                continue;
-            };
-            if let Some(e) = fill.evicted {
-                store.local[e as usize] = NONE;
-                self.set_held(e, false);
-                c.evictions += 1;
-            }
-            let k = hot + fill.slot;
-            let Store {
-                bundles,
-                local,
-                ids,
-                ..
-            } = &mut *store;
-            bundles.copy_neuron(k, src, i as usize);
-            local[i as usize] = k as u32;
-            ids[k] = i;
-            self.set_held(i, true);
-            c.fills += 1;
-            c.bytes_copied += self.neuron_bytes;
-        }
+        self.residency
+            .observe(&used, missed, self.neuron_bytes, &mut c, |k, i| {
+                store.bundles.copy_neuron(k, src, i as usize);
+                Ok(())
+            })?;
         Ok(())
     }
 
     fn take_counters(&self) -> TierCounters {
         std::mem::take(&mut *self.counters.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
-
-impl Drop for ReferenceTier {
-    fn drop(&mut self) {
-        // Closing the job channel ends the worker's loop.
-        self.link.get_mut().unwrap_or_else(|e| e.into_inner()).jobs = None;
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
-        }
     }
 }
