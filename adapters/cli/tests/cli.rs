@@ -300,7 +300,9 @@ fn analyze_then_use_the_artifact() {
         assert!(out.contains(&format!("\"mode\":\"{mode}\"")), "{out}");
     }
     assert!(
-        out.contains("tier 50%: budget") && out.contains("cache slots") && out.contains("hit rate"),
+        out.contains("tier 50% (reference:1): budget")
+            && out.contains("cache slots")
+            && out.contains("hit rate"),
         "{out}"
     );
     fails_with(&["bench", "--vram-budget", "150%"], "150");
