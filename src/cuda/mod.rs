@@ -500,7 +500,8 @@ impl FastTier for CudaTier {
         } else {
             None
         };
-        for r0 in (0..rows).step_by(BLOCK_ROWS) {
+        // No neuron: nothing to launch (a zero-sized grid is a launch error); `finish` adds 0.
+        for r0 in (0..rows).step_by(BLOCK_ROWS).filter(|_| count > 0) {
             let rb = (rows - r0).min(BLOCK_ROWS);
             self.run_block(&store, &mut work, r0, rb, count, call.rule)?;
         }
@@ -554,6 +555,10 @@ impl FastTier for CudaTier {
             used,
             ..
         } = &mut *work;
+        if count == 0 {
+            used.clear();
+            return Ok(0);
+        }
         let partial = out_host.as_slice().map_err(|e| err(&e))?;
         for (o, p) in out.iter_mut().zip(&partial[..rows * h]) {
             *o += p;
