@@ -93,8 +93,10 @@ struct Work {
     partial: CudaSlice<f32>,
     out: CudaSlice<f32>,
     out_host: PinnedHostSlice<f32>,
-    /// The launched call: rows, neurons, and the event after its copies back.
-    pending: Option<(usize, usize, CudaEvent)>,
+    /// The launched call: rows and neurons.
+    pending: Option<(usize, usize)>,
+    /// Recorded after each call's copies back (one event, recorded again every call).
+    done: CudaEvent,
     /// With kernel timing on: events around the launched call's kernels.
     timed: Option<(CudaEvent, CudaEvent)>,
     /// Kernel time of the calls since timing was turned on, ms.
@@ -229,6 +231,10 @@ impl CudaTier {
             out: dev.clone_htod(&vec![f32::NAN; MAX_ROWS * h])?,
             out_host: pinned(dev, MAX_ROWS * h, &name)?,
             pending: None,
+            done: dev
+                .cuda_stream()
+                .record_event(None)
+                .map_err(|e| dev_err(&name)(&e))?,
             timed: None,
             kernel_ms: 0.0,
             timing: false,
@@ -236,10 +242,9 @@ impl CudaTier {
         };
         // Load the module now: a PTX the driver cannot compile fails here, not mid-call.
         let dtype = DeviceDType::of(bundles);
-        for k in ["gate_up", "down"] {
-            dev.get_or_load_custom_func(&format!("{k}_{}", dtype.suffix()), MODULE, PTX)?;
+        for k in dtype.kernels().into_iter().chain(["sum_chunks"]) {
+            dev.get_or_load_custom_func(k, MODULE, PTX)?;
         }
-        dev.get_or_load_custom_func("sum_chunks", MODULE, PTX)?;
         let copy = dev.cuda_stream().fork().map_err(|e| err(&e))?;
         drop(err);
         Ok(CudaTier {
@@ -299,7 +304,7 @@ impl CudaTier {
         rule: Option<f32>,
     ) -> Result<()> {
         let h = self.hidden;
-        let suffix = self.dtype.suffix();
+        let [gate_up, down] = self.dtype.kernels();
         let x = work.x.slice(r0 * h..(r0 + rows) * h);
         let moff = r0 * count;
         let mask = work.mask.slice(moff..moff + rows * count);
@@ -308,9 +313,7 @@ impl CudaTier {
         let (rows_i, count_i) = (rows as i32, count as i32);
         let (gated, act) = (i32::from(self.gated), self.activation);
         let (has_rule, t) = (i32::from(rule.is_some()), rule.unwrap_or(0.0));
-        let gate_up =
-            self.dev
-                .get_or_load_custom_func(&format!("gate_up_{suffix}"), MODULE, PTX)?;
+        let gate_up = self.dev.get_or_load_custom_func(gate_up, MODULE, PTX)?;
         let mut b = gate_up.builder();
         match &store.weights {
             Weights::F32(w) => b.arg(w),
@@ -346,9 +349,7 @@ impl CudaTier {
         let down_at = ((1 + usize::from(self.gated)) * h) as u64;
         let (chunk_i, chunks_i) = (chunk as i32, chunks as i32);
         let hv = work.h.slice(moff..moff + rows * count);
-        let down = self
-            .dev
-            .get_or_load_custom_func(&format!("down_{suffix}"), MODULE, PTX)?;
+        let down = self.dev.get_or_load_custom_func(down, MODULE, PTX)?;
         let mut b = down.builder();
         match &store.weights {
             Weights::F32(w) => b.arg(w),
@@ -525,8 +526,8 @@ impl FastTier for CudaTier {
                 .memcpy_dtoh(&hv.slice(..rows * count), &mut hh[..rows * count])
                 .map_err(|e| err(&e))?;
         }
-        let done = stream.record_event(None).map_err(|e| err(&e))?;
-        work.pending = Some((rows, count, done));
+        work.done.record(&stream).map_err(|e| err(&e))?;
+        work.pending = Some((rows, count));
         drop(store);
         let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
         c.calls += 1;
@@ -536,11 +537,11 @@ impl FastTier for CudaTier {
 
     fn finish(&self, out: &mut [f32]) -> Result<usize> {
         let mut work = self.work.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((rows, count, done)) = work.pending.take() else {
+        let Some((rows, count)) = work.pending.take() else {
             return Err(Error::tier(&self.name, "finish without a launch"));
         };
         let err = dev_err(&self.name);
-        done.synchronize().map_err(|e| err(&e))?;
+        work.done.synchronize().map_err(|e| err(&e))?;
         if let Some((start, end)) = work.timed.take() {
             work.kernel_ms += f64::from(start.elapsed_ms(&end).map_err(|e| err(&e))?);
         }

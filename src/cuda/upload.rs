@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 
 use crate::cpu::{dequantize_split_row, BundleData, BundleLayout, QuantKind};
-use crate::error::{ErrorKind, Result};
+use crate::error::Result;
 use crate::ffn::{FfnSpec, NeuronBundles};
 
 /// The element type of a layer's rows on the device.
@@ -32,12 +32,12 @@ impl DeviceDType {
         }
     }
 
-    /// The kernels' name suffix.
-    pub fn suffix(self) -> &'static str {
+    /// The names of the `gate_up` and `down` kernels for rows of this type.
+    pub fn kernels(self) -> [&'static str; 2] {
         match self {
-            DeviceDType::F32 => "f32",
-            DeviceDType::F16 => "f16",
-            DeviceDType::BF16 => "bf16",
+            DeviceDType::F32 => ["gate_up_f32", "down_f32"],
+            DeviceDType::F16 => ["gate_up_f16", "down_f16"],
+            DeviceDType::BF16 => ["gate_up_bf16", "down_bf16"],
         }
     }
 }
@@ -62,16 +62,8 @@ pub(crate) fn neuron_bytes(bundles: &NeuronBundles) -> u64 {
 }
 
 /// The rows of `neurons` (in order) as the device stores them.
+/// Out-of-range indices are `select`'s typed error.
 pub(crate) fn rows(bundles: &NeuronBundles, neurons: &[u32]) -> Result<HostRows> {
-    let n = bundles.spec().intermediate;
-    if let Some(&i) = neurons.iter().find(|&&i| i as usize >= n) {
-        return Err(ErrorKind::NeuronOutOfRange {
-            layer: None,
-            neuron: i as usize,
-            intermediate: n,
-        }
-        .into());
-    }
     if neurons.is_empty() {
         return Ok(match DeviceDType::of(bundles) {
             DeviceDType::F32 => HostRows::F32(Vec::new()),

@@ -403,11 +403,31 @@ impl NeuronBundles {
     }
 
     /// Overwrites neuron `slot` of this block (made by [`NeuronBundles::select`] from `src`)
-    /// with neuron `neuron` of `src`: a cache fill. Both indices must be in range and the two
-    /// blocks must share hidden size, gating and storage.
-    pub(crate) fn copy_neuron(&mut self, slot: usize, src: &NeuronBundles, neuron: usize) {
+    /// with neuron `neuron` of `src`: a cache fill. Blocks of another storage or row size, or an
+    /// index out of range, are a `Config` error and copy nothing.
+    pub(crate) fn copy_neuron(
+        &mut self,
+        slot: usize,
+        src: &NeuronBundles,
+        neuron: usize,
+    ) -> Result<()> {
         let stride = self.spec.layout(self.dtype()).stride();
-        debug_assert_eq!(stride, src.spec.layout(src.dtype()).stride());
+        let fits = self.dtype() == src.dtype()
+            && stride == src.spec.layout(src.dtype()).stride()
+            && slot < self.spec.intermediate
+            && neuron < src.spec.intermediate;
+        if !fits {
+            return Err(Error::config(
+                "cache fill",
+                format!(
+                    "neuron {neuron} of a {:?} {:?} block into slot {slot} of a {:?} {:?} block",
+                    src.dtype(),
+                    src.spec,
+                    self.dtype(),
+                    self.spec
+                ),
+            ));
+        }
         let (d, s) = (
             slot * stride..(slot + 1) * stride,
             neuron * stride..(neuron + 1) * stride,
@@ -419,7 +439,8 @@ impl NeuronBundles {
             (BundleData::Quant { bytes: a, .. }, BundleData::Quant { bytes: b, .. }) => {
                 a[d].copy_from_slice(&b[s])
             }
-            _ => unreachable!("copy_neuron between blocks of different storage"),
+            // Same `dtype()` means the same variant (checked above).
+            _ => return Ok(()),
         }
         for (a, b) in [
             (&mut self.gate_bias, &src.gate_bias),
@@ -429,6 +450,7 @@ impl NeuronBundles {
                 a[slot] = b[neuron];
             }
         }
+        Ok(())
     }
 
     /// Bytes held by the weights and biases.

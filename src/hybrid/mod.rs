@@ -525,6 +525,8 @@ impl HybridFfn {
         s.fast.clear();
         s.cpu.clear();
         let mut launched = None;
+        // Whether `s.cpu` holds the CPU's share (else the CPU computes the whole `list`).
+        let mut split = false;
         if let Some(t) = tier {
             for &i in list {
                 if t.holds(i as usize) {
@@ -542,22 +544,23 @@ impl HybridFfn {
                     rule,
                 };
                 match t.launch(&call) {
-                    Ok(()) => launched = Some(t),
+                    Ok(()) => {
+                        launched = Some(t);
+                        split = true;
+                    }
                     Err(e) => {
                         self.tier_failed(t, &e);
-                        s.cpu.clear();
-                        s.cpu.extend_from_slice(list);
                         s.fast.clear();
                     }
                 }
+            } else {
+                split = true;
             }
-        } else {
-            s.cpu.extend_from_slice(list);
         }
         // Neurons whose contribution was used (nonzero in some row, so their down row was read).
         let mut used = 0usize;
         s.missed.clear();
-        let cpu = &s.cpu;
+        let cpu: &[u32] = if split { &s.cpu } else { list };
         if !cpu.is_empty() {
             job.run(&self.pool, cpu, &mut s.threads);
         }

@@ -27,24 +27,27 @@ struct Store {
     bundles: NeuronBundles,
 }
 
-/// One launch's copied inputs (what a GPU would upload).
+/// One call: the copied inputs (what a GPU would upload) and the answer (what it would copy
+/// back). It goes to the worker and comes back, and is kept for the next call, so a call
+/// allocates nothing once its sizes have been seen.
+#[derive(Debug, Default)]
 struct Job {
     x: Vec<f32>,
     rows: usize,
     neurons: Vec<u32>,
     set: ActiveSet,
     rule: Option<f32>,
+    /// The partial output, `rows * hidden`.
+    out: Vec<f32>,
+    /// Storage indices of the neurons with a nonzero contribution.
+    used: Vec<u32>,
 }
 
-/// What the worker sends back: the partial output and the storage indices of the neurons with
-/// a nonzero contribution.
-type Done = Result<(Vec<f32>, Vec<u32>)>;
-
-/// A job for the shared worker: the tier's memory, the copied inputs, where to answer.
+/// A job for the shared worker: the tier's memory, the job, where to send it back.
 struct Task {
     store: Arc<Mutex<Store>>,
     job: Job,
-    reply: Sender<Done>,
+    reply: Sender<Job>,
 }
 
 /// The thread that computes every reference tier's calls with `threads` threads: one per thread
@@ -71,11 +74,12 @@ impl Worker {
                 let mut states = vec![ThreadScratch::default(); threads];
                 let mut xq = Vec::new();
                 while let Some(t) = receive(&rx, 10 * crate::cpu::spin()) {
+                    let mut job = t.job;
                     let store = t.store.lock().unwrap_or_else(|e| e.into_inner());
-                    let out = compute(&store, &kernels, &pool, &t.job, &mut xq, &mut states);
+                    compute(&store, &kernels, &pool, &mut job, &mut xq, &mut states);
                     drop(store);
                     // A tier dropped while its call ran: nobody to answer.
-                    let _ = t.reply.send(out);
+                    let _ = t.reply.send(job);
                 }
             })
             .map_err(|e| Error::tier(NAME, format!("cannot start its thread: {e}")))?;
@@ -87,11 +91,11 @@ impl Worker {
 
 #[derive(Debug)]
 struct Link {
-    reply: Sender<Done>,
-    done: Receiver<Done>,
-    pending: bool,
-    /// The last call's contributing neurons (storage indices), for the cache's bookkeeping.
-    used: Vec<u32>,
+    reply: Sender<Job>,
+    done: Receiver<Job>,
+    /// The job between calls (`None` while one is with the worker); after a call its `used`
+    /// are the contributing neurons, for the cache's bookkeeping.
+    job: Option<Job>,
 }
 
 /// A fast tier on CPU threads: holds the placed hot neurons and a cache of cold ones in memory of
@@ -103,6 +107,8 @@ pub struct ReferenceTier {
     hidden: usize,
     neuron_bytes: u64,
     store: Arc<Mutex<Store>>,
+    /// Neurons the store has room for (hot and cache slots).
+    capacity: usize,
     residency: Residency,
     link: Mutex<Link>,
     counters: Mutex<TierCounters>,
@@ -143,7 +149,7 @@ impl ReferenceTier {
                 "holds no neuron (no hot neuron, no cache slot); attach no tier",
             ));
         }
-        let neuron_bytes = tier_neuron_bytes(bundles);
+        let neuron_bytes = Self::neuron_bytes(bundles);
         let reservation = budget.reserve(
             neuron_bytes.saturating_mul(capacity as u64),
             &format!("{} hot neurons and {cache_slots} cache slots", hot.len()),
@@ -156,17 +162,17 @@ impl ReferenceTier {
             bundles: bundles.select(&ids)?,
         }));
         let worker = Worker::shared(threads)?;
-        let (reply, done) = channel::<Done>();
+        let (reply, done) = channel::<Job>();
         Ok(ReferenceTier {
             hidden: spec.hidden,
             neuron_bytes,
             store,
+            capacity,
             residency,
             link: Mutex::new(Link {
                 reply,
                 done,
-                pending: false,
-                used: Vec::new(),
+                job: Some(Job::default()),
             }),
             counters: Mutex::new(TierCounters::default()),
             worker,
@@ -177,7 +183,9 @@ impl ReferenceTier {
     /// Bytes one neuron of `bundles` takes in the tier (its bundle and biases): what a placement
     /// planned for this tier must charge per hot neuron.
     pub fn neuron_bytes(bundles: &NeuronBundles) -> u64 {
-        tier_neuron_bytes(bundles)
+        let spec = bundles.spec();
+        let biases = [bundles.gate_bias.is_some(), bundles.up_bias.is_some()];
+        spec.neuron_bytes(bundles.dtype()) as u64 + 4 * biases.iter().filter(|&&b| b).count() as u64
     }
 
     /// Keeps every cached neuron used in the last `window` calls (see
@@ -190,7 +198,7 @@ impl ReferenceTier {
     /// How many cache slots of `bundles`' neurons fit in what `budget` has free after `hot`
     /// neurons: the largest cache a tier built now can have.
     pub fn cache_slots_that_fit(bundles: &NeuronBundles, hot: usize, budget: &TierBudget) -> usize {
-        let per = tier_neuron_bytes(bundles);
+        let per = Self::neuron_bytes(bundles);
         let free = budget.available() / per;
         (free as usize).saturating_sub(hot)
     }
@@ -199,13 +207,6 @@ impl ReferenceTier {
     pub fn held(&self) -> Vec<u32> {
         self.residency.held()
     }
-}
-
-/// What one held neuron costs: its bundle plus its gate and up biases where the layer has them.
-fn tier_neuron_bytes(bundles: &NeuronBundles) -> u64 {
-    let spec = bundles.spec();
-    let biases = [bundles.gate_bias.is_some(), bundles.up_bias.is_some()];
-    spec.neuron_bytes(bundles.dtype()) as u64 + 4 * biases.iter().filter(|&&b| b).count() as u64
 }
 
 /// The next message: spins for up to `spin` first, then sleeps. Waking a sleeping thread costs
@@ -230,10 +231,10 @@ fn compute(
     store: &Store,
     kernels: &Kernels,
     pool: &Pool,
-    job: &Job,
+    job: &mut Job,
     xq: &mut Vec<QuantizedRow>,
     states: &mut [ThreadScratch],
-) -> Done {
+) {
     let b = &store.bundles;
     let hidden = b.spec().hidden;
     if b.dtype().quant().is_some() {
@@ -249,21 +250,21 @@ fn compute(
         rule: job.rule,
     };
     sparse.run(pool, &job.neurons, states);
-    let mut out = vec![0f32; job.rows * hidden];
-    let mut used = Vec::new();
+    job.out.clear();
+    job.out.resize(job.rows * hidden, 0.0);
+    job.used.clear();
     let n = pool.threads();
     for (t, st) in states.iter().enumerate() {
-        for (o, a) in out.iter_mut().zip(&st.acc) {
+        for (o, a) in job.out.iter_mut().zip(&st.acc) {
             *o += a;
         }
         let mine = &job.neurons[crate::cpu::share(job.neurons.len(), t, n)];
         for (&k, h) in mine.iter().zip(st.h.chunks(job.rows.max(1))) {
             if h.iter().any(|&v| v != 0.0) {
-                used.push(k);
+                job.used.push(k);
             }
         }
     }
-    Ok((out, used))
 }
 
 impl FastTier for ReferenceTier {
@@ -282,48 +283,42 @@ impl FastTier for ReferenceTier {
 
     fn launch(&self, call: &TierCall<'_>) -> Result<()> {
         let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-        if link.pending {
+        let Some(mut job) = link.job.take() else {
             return Err(Error::tier(NAME, "launch while a launch is pending"));
-        }
-        if call.x.len() != call.rows * self.hidden {
-            return Err(Error::count(
-                "fast tier input values",
-                call.rows * self.hidden,
-                call.x.len(),
-            ));
-        }
+        };
         // The copy to the tier's memory: input rows, the list and the rows' membership, in
         // storage indices (the layer's sets re-indexed to what this tier holds).
-        let mut neurons = Vec::with_capacity(call.neurons.len());
-        self.residency.map(NAME, call.neurons, &mut neurons)?;
-        let capacity = self
-            .store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .bundles
-            .spec()
-            .intermediate;
-        let mut set = ActiveSet::new();
-        set.reset(call.rows, capacity);
-        if call.set.is_all() {
-            set.fill_all();
-        } else {
-            for (&i, &k) in call.neurons.iter().zip(&neurons) {
-                for r in 0..call.rows {
-                    if call.set.contains(r, i as usize) == Some(true) {
-                        set.insert(r, k as usize)?;
+        let copied = (|| {
+            if call.x.len() != call.rows * self.hidden {
+                return Err(Error::count(
+                    "fast tier input values",
+                    call.rows * self.hidden,
+                    call.x.len(),
+                ));
+            }
+            self.residency.map(NAME, call.neurons, &mut job.neurons)?;
+            job.set.reset(call.rows, self.capacity);
+            if call.set.is_all() {
+                job.set.fill_all();
+            } else {
+                for (&i, &k) in call.neurons.iter().zip(&job.neurons) {
+                    for r in 0..call.rows {
+                        if call.set.contains(r, i as usize) == Some(true) {
+                            job.set.insert(r, k as usize)?;
+                        }
                     }
                 }
             }
+            job.set.finish();
+            job.x.clear();
+            job.x.extend_from_slice(call.x);
+            (job.rows, job.rule) = (call.rows, call.rule);
+            Ok(())
+        })();
+        if let Err(e) = copied {
+            link.job = Some(job);
+            return Err(e);
         }
-        set.finish();
-        let job = Job {
-            x: call.x.to_vec(),
-            rows: call.rows,
-            neurons,
-            set,
-            rule: call.rule,
-        };
         let n = job.neurons.len() as u64;
         let task = Task {
             store: Arc::clone(&self.store),
@@ -333,7 +328,6 @@ impl FastTier for ReferenceTier {
         if self.worker.tasks.send(task).is_err() {
             return Err(Error::tier(NAME, "its thread has stopped"));
         }
-        link.pending = true;
         let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
         c.calls += 1;
         c.neurons += n;
@@ -342,49 +336,50 @@ impl FastTier for ReferenceTier {
 
     fn finish(&self, out: &mut [f32]) -> Result<usize> {
         let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-        if !link.pending {
+        if link.job.is_some() {
             return Err(Error::tier(NAME, "finish without a launch"));
         }
-        link.pending = false;
-        link.used.clear();
-        let (partial, used) = receive(&link.done, FINISH_SPIN)
-            .ok_or_else(|| Error::tier(NAME, "its thread stopped during a call"))??;
-        if partial.len() != out.len() {
-            return Err(Error::count(
+        let job = receive(&link.done, FINISH_SPIN)
+            .ok_or_else(|| Error::tier(NAME, "its thread stopped during a call"))?;
+        let result = if job.out.len() == out.len() {
+            for (o, p) in out.iter_mut().zip(&job.out) {
+                *o += p;
+            }
+            Ok(job.used.len())
+        } else {
+            Err(Error::count(
                 "fast tier output values",
-                partial.len(),
+                job.out.len(),
                 out.len(),
-            ));
-        }
-        for (o, p) in out.iter_mut().zip(&partial) {
-            *o += p;
-        }
-        link.used = used;
-        Ok(link.used.len())
+            ))
+        };
+        link.job = Some(job);
+        result
     }
 
     fn observe(&self, src: &NeuronBundles, missed: &[u32]) -> Result<()> {
-        // The link before the store, as `launch` takes them (one lock order, no deadlock).
-        let used = std::mem::take(&mut self.link.lock().unwrap_or_else(|e| e.into_inner()).used);
         if self.residency.slots() == 0 {
             return Ok(());
         }
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let (mine, theirs) = (store.bundles.spec(), src.spec());
-        if (mine.hidden, mine.gated, store.bundles.dtype())
-            != (theirs.hidden, theirs.gated, src.dtype())
-            || theirs.intermediate != self.residency.intermediate()
-        {
+        // Another layer's weights would fill wrong rows (another storage is `copy_neuron`'s
+        // error).
+        if src.spec().intermediate != self.residency.intermediate() {
             return Err(Error::tier(
                 NAME,
-                format!("cache fill from another layer's weights ({theirs:?})"),
+                format!("cache fill from another layer's weights ({:?})", src.spec()),
             ));
         }
+        // The link before the store, as `launch` takes them (one lock order, no deadlock); the
+        // job's `used` goes back afterwards, so its buffer is reused.
+        let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(job) = link.job.as_mut() else {
+            return Err(Error::tier(NAME, "observe while a launch is pending"));
+        };
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
         self.residency
-            .observe(&used, missed, self.neuron_bytes, &mut c, |k, i| {
-                store.bundles.copy_neuron(k, src, i as usize);
-                Ok(())
+            .observe(&job.used, missed, self.neuron_bytes, &mut c, |k, i| {
+                store.bundles.copy_neuron(k, src, i as usize)
             })?;
         Ok(())
     }
