@@ -1,6 +1,7 @@
 //! The tier seam on the CPU: the neuron cache against a plain reference model of LRU, the byte
 //! budget never exceeded, the reference tier's cache through real calls (exact outputs, hits
-//! and fills counted), protocol errors, and the fall-back when a fast tier fails.
+//! and fills counted), prefetching ahead of a call, protocol errors, and the fall-back when a fast
+//! tier fails.
 //! (The split itself is checked in `exactness.rs`, where every case may attach a tier.)
 
 mod common;
@@ -12,8 +13,8 @@ use candle_core::{Module, Tensor};
 use common::*;
 use powerinfer::{
     Activation, ActiveSet, ErrorKind, FastTier, FfnSpec, GateFirst, HybridFfn, HybridOptions,
-    LayerPlacement, NeuronBundles, NeuronCache, ReferenceTier, TierBudget, TierCall, TierCounters,
-    WeightDType,
+    LayerPlacement, NeuronBundles, NeuronCache, Oracle, ReferenceTier, TierBudget, TierCall,
+    TierCounters, WeightDType,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
@@ -37,8 +38,9 @@ impl Model {
         false
     }
 
-    /// Empty slot first (lowest), else the least recently used (lowest slot on ties), unless
-    /// that one was used within the last `window` ticks.
+    /// Empty slot first (lowest; they count as used at 0, before the clock's start at 1), else
+    /// the least recently used (lowest slot on ties), unless that one was used within the last
+    /// `window` ticks.
     fn admit(&mut self, n: u32) -> Option<(usize, Option<u32>)> {
         if self.slots.iter().flatten().any(|s| s.0 == n) {
             return None;
@@ -61,6 +63,7 @@ enum Op {
     Tick,
     Touch(u32),
     Admit(u32),
+    Expect(u32),
 }
 
 fn ops(n: u32) -> impl Strategy<Value = Vec<Op>> {
@@ -69,6 +72,7 @@ fn ops(n: u32) -> impl Strategy<Value = Vec<Op>> {
             1 => Just(Op::Tick),
             3 => (0..n).prop_map(Op::Touch),
             3 => (0..n).prop_map(Op::Admit),
+            2 => (0..n).prop_map(Op::Expect),
         ],
         0..200,
     )
@@ -77,7 +81,8 @@ fn ops(n: u32) -> impl Strategy<Value = Vec<Op>> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// Every answer of `NeuronCache` (hit or miss, which slot, which eviction) equals the model's,
+    /// Every answer of `NeuronCache` (hit or miss, which slot, which eviction, for used and for
+    /// expected neurons) equals the model's,
     /// and the two maps (slot -> neuron, neuron -> slot) stay each other's inverse.
     #[test]
     fn cache_equals_reference_model(
@@ -87,7 +92,7 @@ proptest! {
         ops in ops(40),
     ) {
         let mut cache = NeuronCache::new(n as usize, slots).unwrap().with_window(window).unwrap();
-        let mut model = Model { slots: vec![None; slots], clock: 0, window };
+        let mut model = Model { slots: vec![None; slots], clock: 1, window };
         for op in ops {
             match op {
                 Op::Tick => {
@@ -105,6 +110,17 @@ proptest! {
                         (f.slot, f.evicted)
                     });
                     prop_assert_eq!(got, model.admit(i));
+                }
+                Op::Expect(i) => {
+                    let i = i % n;
+                    let got = cache.admit_expected(i as usize).unwrap().map(|f| (f.slot, f.evicted));
+                    let want = model.admit(i);
+                    // An expected neuron counts as used `window - 1` ticks ago (at least at 1).
+                    if let Some((s, _)) = want {
+                        let at = (model.clock + 1).saturating_sub(model.window).max(1);
+                        model.slots[s] = Some((i, at));
+                    }
+                    prop_assert_eq!(got, want);
                 }
             }
             for s in 0..slots {
@@ -452,4 +468,169 @@ fn detach_restores_the_cpu_path() {
     assert!(ffn.detach_tier().is_some());
     assert_eq!(bits(&ffn.forward(&x).unwrap()), bits(&cpu));
     assert!(rel_err(&cpu, &dense(&x, &spec, ffn.bundles())) <= 1e-5);
+}
+
+/// `masked_reference` with one set for every row.
+fn oracle_reference(x: &Tensor, spec: &FfnSpec, b: &NeuronBundles, set: &[u32]) -> Tensor {
+    let rows = x.elem_count() / spec.hidden;
+    let mut row = vec![false; spec.intermediate];
+    set.iter().for_each(|&i| row[i as usize] = true);
+    masked_reference(x, spec, b, Some(&vec![row; rows]))
+}
+
+/// Prefetching fills the predicted cold neurons before the call, so the call computes all of
+/// them on the tier (no miss), with the output unchanged; a second prefetch finds them held.
+#[test]
+fn prefetch_fills_predicted_neurons_ahead_of_the_call() {
+    for dtype in [WeightDType::F32, WeightDType::F16, WeightDType::Q4_1] {
+        let (spec, bundles, _) = layer(11, dtype);
+        let set: Vec<u32> = (0..96).step_by(3).collect(); // 32 neurons
+        let hot: Vec<u32> = set.iter().copied().step_by(4).collect(); // 8 of them
+        let mut ffn = HybridFfn::new(bundles, opts())
+            .unwrap()
+            .with_predictor(Oracle::new(vec![set.clone()]))
+            .with_placement(LayerPlacement::new(96, hot.clone(), None).unwrap())
+            .unwrap();
+        let budget = TierBudget::new(u64::MAX).unwrap();
+        ffn.attach_reference_tier(&budget, 40, 1).unwrap();
+        let mut rng = StdRng::seed_from_u64(12);
+        let x = tensor(&mut rng, &[2, 64], 1.0);
+        let xs = flat(&x);
+        assert_eq!(ffn.prefetch(&xs, 2).unwrap(), 24, "{dtype:?}");
+        let c = ffn.fast_tier().unwrap().take_counters();
+        assert_eq!((c.fills, c.prefetched, c.calls), (24, 24, 0), "{c:?}");
+        assert_eq!(c.bytes_copied % 24, 0);
+        assert_eq!(ffn.prefetch(&xs, 2).unwrap(), 0, "already held");
+        let y = ffn.forward(&x).unwrap();
+        let tol = if dtype == WeightDType::Q4_1 {
+            3e-2
+        } else {
+            1e-3
+        };
+        let e = rel_err(&y, &oracle_reference(&x, &spec, ffn.bundles(), &set));
+        assert!(e <= tol, "{dtype:?}: rel err {e}");
+        let c = ffn.fast_tier().unwrap().take_counters();
+        assert_eq!(c.neurons, 32, "the whole set on the tier: {c:?}");
+        assert_eq!((c.misses, c.fills), (0, 0), "{c:?}");
+        assert!(c.hits > 0 && c.hits <= 24, "{c:?}");
+    }
+}
+
+/// Prefetching never evicts a neuron the last call used (the window), fills only free or
+/// stale slots, and is a no-op or a typed error where it cannot apply.
+#[test]
+fn prefetch_keeps_the_last_calls_neurons_and_rejects_bad_input() {
+    let (_, bundles, _) = layer(13, WeightDType::F32);
+    let first: Vec<u32> = (0..10).collect();
+    let mut ffn = HybridFfn::new(bundles.clone(), opts())
+        .unwrap()
+        .with_predictor(Oracle::new(vec![first.clone()]))
+        .with_placement(LayerPlacement::new(96, vec![], None).unwrap())
+        .unwrap();
+    let budget = TierBudget::new(u64::MAX).unwrap();
+    ffn.attach_reference_tier(&budget, 6, 1).unwrap();
+    let mut rng = StdRng::seed_from_u64(14);
+    let x = tensor(&mut rng, &[1, 64], 4.0);
+    ffn.forward(&x).unwrap();
+    let used = ffn.fast_tier().unwrap().take_counters();
+    assert!(used.fills > 0, "{used:?}");
+    let held_now = |f: &HybridFfn| -> Vec<usize> {
+        let t = f.fast_tier().unwrap();
+        (0..96).filter(|&i| t.holds(i)).collect()
+    };
+    let before = held_now(&ffn);
+    let held = before.len();
+    // Another set: only the slots the last call left empty may take it.
+    ffn.set_predictor(Oracle::new(vec![(50..60).collect()]));
+    let n = ffn.prefetch(&flat(&x), 1).unwrap();
+    assert_eq!(n, 6 - held, "only empty slots");
+    let c = ffn.fast_tier().unwrap().take_counters();
+    assert_eq!(c.evictions, 0, "{c:?}");
+    let after = held_now(&ffn);
+    assert!(
+        before.iter().all(|i| after.contains(i)),
+        "the last call's neurons stay"
+    );
+    assert_eq!(after.len(), held + n);
+    // After a call on the new set, the old neurons are stale and a prefetch may replace them.
+    ffn.forward(&x).unwrap();
+    ffn.set_predictor(Oracle::new(vec![(70..80).collect()]));
+    ffn.fast_tier().unwrap().take_counters();
+    ffn.forward(&x).unwrap();
+    ffn.set_predictor(Oracle::new(vec![(30..40).collect()]));
+    let n = ffn.prefetch(&flat(&x), 1).unwrap();
+    let c = ffn.fast_tier().unwrap().take_counters();
+    assert!(n <= 6 && c.prefetched == n as u64, "{c:?}");
+
+    // Bad input and no-ops.
+    let e = ffn.prefetch(&[0.0; 63], 1).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Count { .. }), "{e}");
+    let e = ffn
+        .fast_tier()
+        .unwrap()
+        .prefetch(ffn.bundles(), &[96])
+        .unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::NeuronOutOfRange { neuron: 96, .. }),
+        "{e}"
+    );
+    let spec = FfnSpec::gated(64, 128, Activation::Relu).unwrap();
+    let other =
+        NeuronBundles::from_weights(spec, Weights::random(&spec, 15).view(), WeightDType::F32)
+            .unwrap();
+    let e = ffn.fast_tier().unwrap().prefetch(&other, &[1]).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Tier { .. }), "{e}");
+    let rule = HybridFfn::new(bundles.clone(), opts())
+        .unwrap()
+        .with_predictor(GateFirst::new(0.0).unwrap());
+    assert_eq!(rule.prefetch(&flat(&x), 1).unwrap(), 0, "no tier");
+    let mut rule = rule;
+    rule.attach_reference_tier(&budget, 6, 1).unwrap();
+    assert_eq!(
+        rule.prefetch(&flat(&x), 1).unwrap(),
+        0,
+        "an inline rule has no cheap prediction"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random sequences of prefetches and calls over random sets, hot neurons and slots: every
+    /// output equals the masked dense reference, the tier never holds more than its hot
+    /// neurons and slots, and its hot neurons stay held.
+    #[test]
+    fn prefetch_and_calls_stay_exact(
+        seed in 0u64..1000,
+        hot_every in 2usize..9,
+        slots in 0usize..40,
+        steps in proptest::collection::vec((proptest::collection::vec(0u32..96, 0..40), any::<bool>(), 1usize..4), 1..8),
+    ) {
+        let (spec, bundles, _) = layer(seed, WeightDType::F32);
+        let hot: Vec<u32> = (0..96).step_by(hot_every).map(|i| i as u32).collect();
+        let mut ffn = HybridFfn::new(bundles, opts())
+            .unwrap()
+            .with_placement(LayerPlacement::new(96, hot.clone(), None).unwrap())
+            .unwrap();
+        let budget = TierBudget::new(u64::MAX).unwrap();
+        ffn.attach_reference_tier(&budget, slots, 1).unwrap();
+        let mut rng = StdRng::seed_from_u64(seed);
+        for (mut set, prefetch, rows) in steps {
+            set.sort_unstable();
+            set.dedup();
+            ffn.set_predictor(Oracle::new(vec![set.clone()]));
+            let x = tensor(&mut rng, &[rows, 64], 1.0);
+            if prefetch {
+                let n = ffn.prefetch(&flat(&x), rows).unwrap();
+                prop_assert!(n <= slots);
+            }
+            let y = ffn.forward(&x).unwrap();
+            let e = rel_err(&y, &oracle_reference(&x, &spec, ffn.bundles(), &set));
+            prop_assert!(e <= 1e-4, "rel err {}", e);
+            let t = ffn.fast_tier().unwrap();
+            let held = (0..96).filter(|&i| t.holds(i)).count();
+            prop_assert!(held <= hot.len() + slots);
+            prop_assert!(hot.iter().all(|&i| t.holds(i as usize)));
+        }
+    }
 }

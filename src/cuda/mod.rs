@@ -294,6 +294,73 @@ impl CudaTier {
     }
 
     /// Queues the three kernels for rows `r0..r0 + rows` of the call (`count` listed neurons).
+    /// Cache fills come from the layer's own weights, in the layout uploaded.
+    fn check_source(&self, src: &NeuronBundles) -> Result<()> {
+        let theirs = src.spec();
+        if (
+            theirs.hidden,
+            theirs.gated,
+            upload::stride(src),
+            DeviceDType::of(src),
+        ) != (self.hidden, self.gated, self.stride, self.dtype)
+            || theirs.intermediate != self.residency.intermediate()
+        {
+            return Err(Error::tier(
+                &self.name,
+                format!("cache fill from another layer's weights ({theirs:?})"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Queues the copy of neuron `i` of `src` into storage index `k` on the copy stream.
+    fn fill(&self, store: &mut Store, src: &NeuronBundles, k: usize, i: u32) -> Result<()> {
+        let err = dev_err(&self.name);
+        let range = k * self.stride..(k + 1) * self.stride;
+        let Store {
+            weights,
+            gate_bias,
+            up_bias,
+            ..
+        } = store;
+        match (upload::rows(src, &[i])?, weights) {
+            (HostRows::F32(v), Weights::F32(w)) => {
+                self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
+            }
+            (HostRows::F16(v), Weights::F16(w)) => {
+                self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
+            }
+            (HostRows::BF16(v), Weights::BF16(w)) => {
+                self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
+            }
+            _ => {
+                return Err(Error::tier(
+                    &self.name,
+                    "cache fill of another element type",
+                ))
+            }
+        }
+        .map_err(|e| err(&e))?;
+        let (gb, ub) = upload::biases(src, &[i]);
+        self.copy
+            .memcpy_htod(&gb, &mut gate_bias.slice_mut(k..k + 1))
+            .map_err(|e| err(&e))?;
+        self.copy
+            .memcpy_htod(&ub, &mut up_bias.slice_mut(k..k + 1))
+            .map_err(|e| err(&e))?;
+        Ok(())
+    }
+
+    /// The next launch waits for the fills queued so far (`filled`).
+    fn record_fills(&self, store: &mut Store) -> Result<()> {
+        let ev = self
+            .copy
+            .record_event(None)
+            .map_err(|e| dev_err(&self.name)(&e))?;
+        store.filled = Some(ev);
+        Ok(())
+    }
+
     fn run_block(
         &self,
         store: &Store,
@@ -586,65 +653,36 @@ impl FastTier for CudaTier {
         if self.residency.slots() == 0 {
             return Ok(());
         }
-        let theirs = src.spec();
-        if (
-            theirs.hidden,
-            theirs.gated,
-            upload::stride(src),
-            DeviceDType::of(src),
-        ) != (self.hidden, self.gated, self.stride, self.dtype)
-            || theirs.intermediate != self.residency.intermediate()
-        {
-            return Err(Error::tier(
-                &self.name,
-                format!("cache fill from another layer's weights ({theirs:?})"),
-            ));
-        }
+        self.check_source(src)?;
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        let err = dev_err(&self.name);
-        // Each copy runs on the copy stream; the next launch waits for them (`filled`).
         let filled = self
             .residency
             .observe(&used, missed, self.neuron_bytes, &mut c, |k, i| {
-                let range = k * self.stride..(k + 1) * self.stride;
-                let Store {
-                    weights,
-                    gate_bias,
-                    up_bias,
-                    ..
-                } = &mut *store;
-                match (upload::rows(src, &[i])?, weights) {
-                    (HostRows::F32(v), Weights::F32(w)) => {
-                        self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
-                    }
-                    (HostRows::F16(v), Weights::F16(w)) => {
-                        self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
-                    }
-                    (HostRows::BF16(v), Weights::BF16(w)) => {
-                        self.copy.memcpy_htod(&v, &mut w.slice_mut(range))
-                    }
-                    _ => {
-                        return Err(Error::tier(
-                            &self.name,
-                            "cache fill of another element type",
-                        ))
-                    }
-                }
-                .map_err(|e| err(&e))?;
-                let (gb, ub) = upload::biases(src, &[i]);
-                self.copy
-                    .memcpy_htod(&gb, &mut gate_bias.slice_mut(k..k + 1))
-                    .map_err(|e| err(&e))?;
-                self.copy
-                    .memcpy_htod(&ub, &mut up_bias.slice_mut(k..k + 1))
-                    .map_err(|e| err(&e))?;
-                Ok(())
+                self.fill(&mut store, src, k, i)
             })?;
         if filled {
-            store.filled = Some(self.copy.record_event(None).map_err(|e| err(&e))?);
+            self.record_fills(&mut store)?;
         }
         Ok(())
+    }
+
+    fn prefetch(&self, src: &NeuronBundles, neurons: &[u32]) -> Result<usize> {
+        if self.residency.slots() == 0 || neurons.is_empty() {
+            return Ok(0);
+        }
+        self.check_source(src)?;
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let filled = self
+            .residency
+            .prefetch(neurons, self.neuron_bytes, &mut c, |k, i| {
+                self.fill(&mut store, src, k, i)
+            })?;
+        if filled > 0 {
+            self.record_fills(&mut store)?;
+        }
+        Ok(filled)
     }
 
     fn take_counters(&self) -> TierCounters {

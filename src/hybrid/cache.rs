@@ -52,9 +52,11 @@ impl NeuronCache {
         Ok(NeuronCache {
             slot_neuron: vec![NONE; slots],
             neuron_slot: vec![NONE; intermediate],
+            // Empty slots count as used at time 0 and the clock starts at 1, so they come first
+            // even before the first tick.
             last_used: vec![0; slots],
             order: (0..slots as u32).map(|s| (0, s)).collect(),
-            clock: 0,
+            clock: 1,
             window: 1,
         })
     }
@@ -128,6 +130,19 @@ impl NeuronCache {
     /// holds a neuron used or filled within the window (by default: since the last
     /// [`NeuronCache::tick`], so a call never evicts what it uses itself).
     pub fn admit(&mut self, neuron: usize) -> Result<Option<CacheFill>> {
+        self.admit_at(neuron, self.clock)
+    }
+
+    /// Brings in a neuron expected, not yet used (a prefetch): as [`NeuronCache::admit`], but
+    /// the slot counts as used `window - 1` calls ago, so it is protected through the next call
+    /// only and, unless that call uses it, is the first filled slot to go after it. A wrong
+    /// guess then never holds a slot for the whole window.
+    pub fn admit_expected(&mut self, neuron: usize) -> Result<Option<CacheFill>> {
+        let used = (self.clock + 1).saturating_sub(self.window).max(1);
+        self.admit_at(neuron, used)
+    }
+
+    fn admit_at(&mut self, neuron: usize, used_at: u64) -> Result<Option<CacheFill>> {
         if neuron >= self.neuron_slot.len() {
             return Err(ErrorKind::NeuronOutOfRange {
                 layer: None,
@@ -152,7 +167,7 @@ impl NeuronCache {
         }
         self.slot_neuron[slot] = neuron as u32;
         self.neuron_slot[neuron] = slot as u32;
-        self.set_used(slot);
+        self.set_used_at(slot, used_at);
         Ok(Some(CacheFill {
             slot,
             neuron: neuron as u32,
@@ -161,9 +176,13 @@ impl NeuronCache {
     }
 
     fn set_used(&mut self, slot: usize) {
+        self.set_used_at(slot, self.clock);
+    }
+
+    fn set_used_at(&mut self, slot: usize, at: u64) {
         self.order.remove(&(self.last_used[slot], slot as u32));
-        self.last_used[slot] = self.clock;
-        self.order.insert((self.clock, slot as u32));
+        self.last_used[slot] = at;
+        self.order.insert((at, slot as u32));
     }
 }
 
@@ -305,24 +324,68 @@ impl Residency {
             c.hits += 1;
         }
         c.misses += missed.len() as u64;
-        let mut filled = false;
-        for &i in missed {
-            let Some(f) = s.cache.admit(i as usize)? else {
+        Ok(Self::admit(&mut s, self, missed, false, neuron_bytes, c, &mut fill)? > 0)
+    }
+
+    /// Before a call: each of `expected` not held is admitted where a slot is free or holds a
+    /// neuron unused within the window (so the last call's neurons stay), as an expected neuron
+    /// ([`NeuronCache::admit_expected`]), `fill` doing the copy as in [`Residency::observe`]. Counts fills into `c` (also as `prefetched`); returns how
+    /// many it filled.
+    pub fn prefetch(
+        &self,
+        expected: &[u32],
+        neuron_bytes: u64,
+        c: &mut crate::hybrid::TierCounters,
+        mut fill: impl FnMut(usize, u32) -> Result<()>,
+    ) -> Result<usize> {
+        let mut s = self.lock();
+        if s.cache.slots() == 0 {
+            return Ok(0);
+        }
+        let n = Self::admit(&mut s, self, expected, true, neuron_bytes, c, &mut fill)?;
+        c.prefetched += n as u64;
+        Ok(n)
+    }
+
+    /// Admits `neurons` into the cache (as expected ones: [`NeuronCache::admit_expected`]),
+    /// filling each admitted one; returns how many.
+    fn admit(
+        s: &mut State,
+        r: &Residency,
+        neurons: &[u32],
+        expected: bool,
+        neuron_bytes: u64,
+        c: &mut crate::hybrid::TierCounters,
+        fill: &mut impl FnMut(usize, u32) -> Result<()>,
+    ) -> Result<usize> {
+        let hot = s.hot;
+        let mut filled = 0;
+        for &i in neurons {
+            // A placed hot neuron is held already (the cache knows only its own).
+            if s.local.get(i as usize).is_some_and(|&k| k != NONE) {
+                continue;
+            }
+            let f = if expected {
+                s.cache.admit_expected(i as usize)?
+            } else {
+                s.cache.admit(i as usize)?
+            };
+            let Some(f) = f else {
                 continue;
             };
             if let Some(e) = f.evicted {
                 s.local[e as usize] = NONE;
-                self.set_held(e, false);
+                r.set_held(e, false);
                 c.evictions += 1;
             }
             let k = hot + f.slot;
             fill(k, i)?;
             s.local[i as usize] = k as u32;
             s.ids[k] = i;
-            self.set_held(i, true);
+            r.set_held(i, true);
             c.fills += 1;
             c.bytes_copied += neuron_bytes;
-            filled = true;
+            filled += 1;
         }
         Ok(filled)
     }

@@ -422,6 +422,68 @@ impl HybridFfn {
         self.compute(&mut scratch, x, rows, out)
     }
 
+    /// Prepares a coming call: predicts with this layer's predictor which neurons an input like
+    /// `x` (`rows * hidden` f32, row-major) activates, and has the fast tier copy those it does
+    /// not hold into its cache now, ahead of the call. A model calls it for layer `l + d` while
+    /// it computes layer `l`, on the residual stream normalized with layer `l + d`'s FFN norm:
+    /// the input that layer will see, but for the `d` layers in between. Returns how many
+    /// neurons were filled.
+    ///
+    /// Does nothing (returns 0) without a caching fast tier, on a forced-dense layer, during a
+    /// statistics run, for batches above the tier's `max_rows`, and with an inline threshold
+    /// rule (exact thresholding): that rule's prediction is the layer's own gate product, which
+    /// costs what computing the neurons does. A tier error disables the tier, as in a call.
+    pub fn prefetch(&self, x: &[f32], rows: usize) -> Result<usize> {
+        let spec = *self.bundles.spec();
+        if x.len() != rows * spec.hidden {
+            return Err(Error::count(
+                "prefetch input values",
+                rows * spec.hidden,
+                x.len(),
+            ));
+        }
+        let Some(tier) = self.fast_tier() else {
+            return Ok(0);
+        };
+        if rows == 0
+            || rows > tier.max_rows()
+            || self.force_dense.load(Ordering::Relaxed)
+            || self.stats_on.load(Ordering::Relaxed)
+            || self.predictor.inline_threshold().is_some()
+        {
+            return Ok(0);
+        }
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &mut *guard;
+        s.set.reset(rows, spec.intermediate);
+        if self.bundles.dtype().quant().is_some() {
+            crate::cpu::QuantizedRow::quantize_rows(&mut s.xq, x, spec.hidden);
+        }
+        let input = PredictInput {
+            x,
+            rows,
+            hidden: spec.hidden,
+            bundles: &self.bundles,
+            kernels: &self.kernels,
+            pool: &self.pool,
+            xq: &s.xq,
+        };
+        self.predictor
+            .predict(&input, &mut s.set)
+            .map_err(|e| self.in_layer(e))?;
+        s.set.finish();
+        s.cpu.clear();
+        s.cpu
+            .extend(s.set.union().iter().filter(|&&i| !tier.holds(i as usize)));
+        match tier.prefetch(&self.bundles, &s.cpu) {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                self.tier_failed(tier, &e);
+                Ok(0)
+            }
+        }
+    }
+
     /// The FFN on a tensor `[.., hidden]` (f32, f16 or bf16, CPU); same shape and dtype out.
     pub fn forward_tensor(&self, xs: &Tensor) -> Result<Tensor> {
         let rows = check_rows(xs, self.bundles.spec().hidden, "input")?;

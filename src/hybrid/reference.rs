@@ -207,6 +207,20 @@ impl ReferenceTier {
     pub fn held(&self) -> Vec<u32> {
         self.residency.held()
     }
+
+    /// Cache fills come from the layer's own weights: another layer's would fill wrong rows
+    /// (another storage is `copy_neuron`'s error).
+    fn check_source(&self, src: &NeuronBundles) -> Result<()> {
+        if src.spec().intermediate != self.residency.intermediate()
+            || src.spec().hidden != self.hidden
+        {
+            return Err(Error::tier(
+                NAME,
+                format!("cache fill from another layer's weights ({:?})", src.spec()),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The next message: spins for up to `spin` first, then sleeps. Waking a sleeping thread costs
@@ -361,14 +375,7 @@ impl FastTier for ReferenceTier {
         if self.residency.slots() == 0 {
             return Ok(());
         }
-        // Another layer's weights would fill wrong rows (another storage is `copy_neuron`'s
-        // error).
-        if src.spec().intermediate != self.residency.intermediate() {
-            return Err(Error::tier(
-                NAME,
-                format!("cache fill from another layer's weights ({:?})", src.spec()),
-            ));
-        }
+        self.check_source(src)?;
         // The link before the store, as `launch` takes them (one lock order, no deadlock); the
         // job's `used` goes back afterwards, so its buffer is reused.
         let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
@@ -382,6 +389,25 @@ impl FastTier for ReferenceTier {
                 store.bundles.copy_neuron(k, src, i as usize)
             })?;
         Ok(())
+    }
+
+    /// Copies on the calling thread: this tier's memory is RAM, so a fill costs what computing
+    /// the neuron on the CPU does (a GPU's fills run on its copy stream instead).
+    fn prefetch(&self, src: &NeuronBundles, neurons: &[u32]) -> Result<usize> {
+        if self.residency.slots() == 0 || neurons.is_empty() {
+            return Ok(0);
+        }
+        self.check_source(src)?;
+        let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        if link.job.is_none() {
+            return Err(Error::tier(NAME, "prefetch while a launch is pending"));
+        }
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        self.residency
+            .prefetch(neurons, self.neuron_bytes, &mut c, |k, i| {
+                store.bundles.copy_neuron(k, src, i as usize)
+            })
     }
 
     fn take_counters(&self) -> TierCounters {

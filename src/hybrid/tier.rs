@@ -47,6 +47,22 @@ pub struct TierCounters {
     pub evictions: u64,
     /// Bytes copied into the cache.
     pub bytes_copied: u64,
+    /// Of `fills`, the neurons filled ahead of their call by [`FastTier::prefetch`] (the rest
+    /// were filled after the call that missed them).
+    pub prefetched: u64,
+}
+
+impl std::ops::AddAssign for TierCounters {
+    fn add_assign(&mut self, o: TierCounters) {
+        self.calls += o.calls;
+        self.neurons += o.neurons;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.fills += o.fills;
+        self.evictions += o.evictions;
+        self.bytes_copied += o.bytes_copied;
+        self.prefetched += o.prefetched;
+    }
 }
 
 /// A place other than the CPU pool where a layer's neurons are computed: a GPU holding the hot
@@ -86,6 +102,16 @@ pub trait FastTier: Send + Sync + std::fmt::Debug {
     fn observe(&self, src: &NeuronBundles, missed: &[u32]) -> Result<()> {
         let _ = (src, missed);
         Ok(())
+    }
+
+    /// Before a call: `neurons` (sorted, in range) are expected in a coming call, so a caching
+    /// tier copies those it does not hold from `src` into its cache now (a GPU: on its copy
+    /// stream, while other layers compute), where a slot is free or holds a neuron not used
+    /// within the cache window. Returns how many it filled. The default does nothing (no
+    /// cache).
+    fn prefetch(&self, src: &NeuronBundles, neurons: &[u32]) -> Result<usize> {
+        let _ = (src, neurons);
+        Ok(0)
     }
 
     /// The counters, reset to zero.

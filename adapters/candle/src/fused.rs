@@ -31,7 +31,7 @@ use powerinfer::{HybridFfn, QLinear, RowRms};
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
-use crate::model::{Attention, Clock, Ffn, Lap, Layer, Projection};
+use crate::model::{prefetch_target, Attention, Clock, Ffn, Lap, Layer, Projection};
 
 /// A dense FFN on the file's blocks through our kernels: gate and up stacked in one `QLinear`,
 /// `act(gate) * up` in f32, the activations quantized once, and the down `QLinear`. With Q4_1
@@ -103,6 +103,8 @@ struct Scratch {
     xq: Vec<QuantizedRow>,
     tmp: Vec<f32>,
     rms: Vec<f32>,
+    /// A later layer's FFN input, predicted for prefetching.
+    pf: Vec<f32>,
     threads: Vec<AttnScratch>,
     ffn: KernelFfnScratch,
     logits: Vec<f32>,
@@ -188,6 +190,7 @@ impl Decoder {
         cfg: &LlamaConfig,
         layers: &[Layer],
         pre_norm_rms: &[Option<RowRms>],
+        prefetch_depth: usize,
         tokens: &[u32],
         pos: usize,
         last_only: bool,
@@ -350,6 +353,13 @@ impl Decoder {
                 );
             }
             clock.lap(Lap::Other);
+            // The layer `prefetch_depth` ahead predicts its neurons on this residual, normed
+            // as it will norm its own, and its tier copies them in while this layer runs.
+            if let Some((norm, ahead)) = prefetch_target(layers, prefetch_depth, l) {
+                s.pf.resize(rows * hidden, 0.0);
+                rms_norm_rows(&s.x, &norm.wv, norm.eps, &mut s.pf);
+                ahead.prefetch(&s.pf, rows)?;
+            }
             match &layer.ffn {
                 Ffn::Hybrid(ffn) => run_hybrid(ffn, &s.h, rows, &mut s.f)?,
                 Ffn::InputSparse(ffn) => ffn.forward_f32(&s.h, rows, &mut s.f)?,

@@ -403,6 +403,7 @@ fn finish(
         sin,
         timings: None,
         logits_copy: Vec::new(),
+        prefetch_depth: 0,
         pre_norm_rms: Vec::new(),
         decoder,
     })

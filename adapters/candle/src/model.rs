@@ -257,6 +257,9 @@ pub struct Llama {
     pub(crate) pre_norm_rms: Vec<Option<powerinfer::RowRms>>,
     /// The fused decoder, when every projection runs on powerinfer's kernels.
     pub(crate) decoder: Option<Decoder>,
+    /// Layers ahead whose fast tiers prefetch their predicted neurons (0: none; see
+    /// [`crate::TierOptions::prefetch_depth`]).
+    pub(crate) prefetch_depth: usize,
 }
 
 /// RoPE tables for `positions` positions.
@@ -379,12 +382,22 @@ impl Llama {
             pre_norm_rms,
             decoder: Some(d),
             timings,
+            prefetch_depth,
             ..
         } = self
         else {
             return Err(powerinfer::Error::config("fused decoder", "not built").into());
         };
-        let logits = d.forward(config, layers, pre_norm_rms, tokens, pos, true, &mut clock)?;
+        let logits = d.forward(
+            config,
+            layers,
+            pre_norm_rms,
+            *prefetch_depth,
+            tokens,
+            pos,
+            true,
+            &mut clock,
+        )?;
         clock.lap(Lap::LmHead);
         if let Some(t) = timings {
             clock.add_to(t);
@@ -438,6 +451,7 @@ impl Llama {
                 &self.config,
                 &self.layers,
                 &self.pre_norm_rms,
+                self.prefetch_depth,
                 tokens,
                 pos,
                 last_only,
@@ -475,6 +489,12 @@ impl Llama {
             clock.add_to(t);
         }
         Ok(logits)
+    }
+
+    /// While layer `l` runs: the layer `prefetch_depth` ahead, if it has a fast tier to prefetch
+    /// into, with its FFN norm.
+    fn prefetch_target(&self, l: usize) -> Option<(&RmsNorm, &HybridFfn)> {
+        prefetch_target(&self.layers, self.prefetch_depth, l)
     }
 
     /// Tokens to run at `pos`: at least one, inside the context and the vocabulary.
@@ -547,7 +567,8 @@ impl Llama {
         let (cos, sin) = (self.cos.narrow(0, pos, seq)?, self.sin.narrow(0, pos, seq)?);
         clock.lap(Lap::Other);
         let cfg = &self.config;
-        for (l, layer) in self.layers.iter_mut().enumerate() {
+        for l in 0..self.layers.len() {
+            let layer = &mut self.layers[l];
             let h = layer.attn_norm.forward(&x)?;
             clock.lap(Lap::Other);
             let a = attention(layer, cfg, &h, &cos, &sin, mask.as_ref(), pos)?;
@@ -558,6 +579,11 @@ impl Llama {
             }
             let h = layer.ffn_norm.forward(&x)?;
             clock.lap(Lap::Other);
+            if let Some((ahead, ffn)) = self.prefetch_target(l) {
+                let p = ahead.forward(&x)?.flatten_all()?.to_dtype(DType::F32)?;
+                ffn.prefetch(&p.to_vec1::<f32>()?, seq)?;
+            }
+            let layer = &self.layers[l];
             let f = match (&layer.ffn, probe.as_deref_mut()) {
                 (Ffn::Dense(d), Some(p)) => {
                     let act = d.activations(&h)?;
@@ -571,6 +597,22 @@ impl Llama {
             x = (f + &x)?;
         }
         Ok(x)
+    }
+}
+
+/// See [`Llama::prefetch_target`] (the fused decoder borrows the layers alone).
+pub(crate) fn prefetch_target(
+    layers: &[Layer],
+    depth: usize,
+    l: usize,
+) -> Option<(&RmsNorm, &HybridFfn)> {
+    if depth == 0 {
+        return None;
+    }
+    let ahead = layers.get(l + depth)?;
+    match &ahead.ffn {
+        Ffn::Hybrid(h) if h.fast_tier().is_some() => Some((&ahead.ffn_norm, h)),
+        _ => None,
     }
 }
 

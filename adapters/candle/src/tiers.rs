@@ -25,6 +25,11 @@ pub struct TierOptions {
     pub cache_window: u64,
     /// Layers computed densely on the CPU, with no fast tier (every neuron, every token).
     pub force_dense_layers: Vec<usize>,
+    /// While layer `l` runs, layer `l + prefetch_depth`'s predictor guesses its neurons from
+    /// the residual stream and its tier copies the ones it lacks into its cache
+    /// ([`powerinfer::HybridFfn::prefetch`]); 0 turns it off. Needs cache slots and a predictor
+    /// that is not an inline threshold rule (an artifact's trained predictors).
+    pub prefetch_depth: usize,
     /// Which tier.
     pub kind: TierKind,
 }
@@ -36,6 +41,7 @@ impl Default for TierOptions {
             cache_share: 0.0,
             cache_window: 1,
             force_dense_layers: Vec::new(),
+            prefetch_depth: 0,
             kind: TierKind::Reference { threads: 1 },
         }
     }
@@ -254,6 +260,7 @@ impl Llama {
             .into());
         }
         let budget = TierBudget::new(opts.budget)?;
+        self.prefetch_depth = opts.prefetch_depth;
         let mut hybrids = self.hybrids()?;
         check_count(
             "neuron frequencies (one vector per layer)",
@@ -264,6 +271,7 @@ impl Llama {
             h.detach_tier();
             h.set_force_dense(opts.force_dense_layers.contains(&l));
         }
+
         let mut report = TierReport {
             tier: opts.kind.to_string(),
             budget: opts.budget,
@@ -368,6 +376,7 @@ impl Llama {
     /// Detaches every layer's fast tier (everything on the CPU again; their bytes are given
     /// back to the budget) and clears forced-dense layers.
     pub fn detach_tiers(&mut self) {
+        self.prefetch_depth = 0;
         for l in &mut self.layers {
             if let Ffn::Hybrid(h) = &mut l.ffn {
                 h.detach_tier();
@@ -384,14 +393,7 @@ impl Llama {
                 Ffn::Hybrid(h) => h.fast_tier(),
                 _ => None,
             } {
-                let c = t.take_counters();
-                sum.calls += c.calls;
-                sum.neurons += c.neurons;
-                sum.hits += c.hits;
-                sum.misses += c.misses;
-                sum.fills += c.fills;
-                sum.evictions += c.evictions;
-                sum.bytes_copied += c.bytes_copied;
+                sum += t.take_counters();
             }
         }
         sum

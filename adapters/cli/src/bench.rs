@@ -394,6 +394,7 @@ fn measure_tiers(
                 cache_share: a.cache,
                 cache_window: a.cache_window,
                 force_dense_layers: a.force_dense_layers.clone(),
+                prefetch_depth: a.prefetch_depth,
                 kind: a.tier.0,
             };
             let r = sp.m.model.attach_tiers(&opts, &freq)?;
@@ -423,12 +424,13 @@ fn measure_tiers(
             let per = |v: u64| v as f64 / a.decode_tokens as f64;
             let looked = c.hits + c.misses;
             notes.push(format!(
-                "{label}: per decoded token {:.0} neurons on the tier, cache hits {:.0} / misses {:.0} ({:.1}% hit rate), {:.1} KB copied",
+                "{label}: per decoded token {:.0} neurons on the tier, cache hits {:.0} / misses {:.0} ({:.1}% hit rate), {:.1} KB copied ({:.0} neurons prefetched)",
                 per(c.neurons),
                 per(c.hits),
                 per(c.misses),
                 if looked > 0 { 100.0 * c.hits as f64 / looked as f64 } else { 0.0 },
-                per(c.bytes_copied) / 1e3
+                per(c.bytes_copied) / 1e3,
+                per(c.prefetched)
             ));
         }
     }

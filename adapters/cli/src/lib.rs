@@ -235,6 +235,11 @@ pub struct BenchArgs {
     /// Calls a cached neuron stays protected after its last use.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub cache_window: u64,
+    /// In the tier rows, while layer `l` runs, layer `l + N` predicts its neurons from the
+    /// residual stream and its tier copies the ones it lacks into its cache (0: off). Needs
+    /// `--cache` and trained predictors (`--powerinfer`): a threshold rule has no cheap guess.
+    #[arg(long, default_value_t = 0)]
+    pub prefetch_depth: usize,
     /// Layers computed densely on the CPU in the tier rows, comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "LAYERS")]
     pub force_dense_layers: Vec<usize>,
