@@ -84,7 +84,10 @@ fn is_eof(e: &candle_core::Error) -> bool {
 }
 
 /// Reads the header, metadata and tensor index of a GGUF-layout file whose magic is `GGUF` or
-/// `PWRI`, and checks that every tensor's data lies inside the stream. `file` names the source
+/// `PWRI`. Every size the header declares is checked against the stream first (strings, arrays,
+/// dimensions, element counts; tensor data aligned, in order, not overlapping, inside the
+/// stream), so a hostile file is a typed error before anything of its declared size is
+/// allocated. `file` names the source
 /// in errors. The reader is left at an unspecified position; tensors are then read with
 /// `content.tensor(reader, ..)` on the same reader (they never touch the magic).
 pub fn read_gguf<R: Read + Seek>(
@@ -127,6 +130,8 @@ pub fn read_gguf<R: Read + Seek>(
             .into())
         }
     };
+    // Every declared size checked against the file before candle allocates what it declares.
+    super::gguf_check::check_header(reader, file, len)?;
     reader
         .seek(SeekFrom::Start(0))
         .map_err(|e| io_error(file, "seek", e))?;
@@ -151,27 +156,6 @@ pub fn read_gguf<R: Read + Seek>(
             .into()
         }
     })?;
-    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
-    names.sort();
-    for name in names {
-        let info = &content.tensor_infos[name];
-        let elems = info.shape.elem_count() as u64;
-        let block = info.ggml_dtype.block_size() as u64;
-        let bytes = elems / block * info.ggml_dtype.type_size() as u64;
-        let end = content
-            .tensor_data_offset
-            .saturating_add(info.offset)
-            .saturating_add(bytes);
-        if end > len {
-            return Err(ErrorKind::Truncated {
-                file: file.to_string(),
-                what: format!("tensor `{name}`"),
-                needed: end,
-                len,
-            }
-            .into());
-        }
-    }
     Ok((kind, content))
 }
 

@@ -3,6 +3,7 @@
 
 mod artifact;
 mod gguf;
+mod gguf_check;
 mod gpuidx;
 
 pub use artifact::{

@@ -418,6 +418,9 @@ impl HybridFfn {
     /// once the block has seen a batch of this size.
     pub fn forward_f32(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
         check_f32_rows(x, rows, self.bundles.spec().hidden, out)?;
+        if rows == 0 {
+            return Ok(());
+        }
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.compute(&mut scratch, x, rows, out)
     }

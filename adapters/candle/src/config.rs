@@ -44,11 +44,27 @@ impl LlamaConfig {
     }
 
     /// Refuses head counts the model cannot run: no heads, a hidden size the heads do not divide
-    /// into even halves (RoPE), or query heads that do not share KV heads evenly.
+    /// into even halves (RoPE), or query heads that do not share KV heads evenly; and sizes
+    /// beyond any model, which a corrupted or hostile file declares to make a loader allocate
+    /// without bound: they are refused before anything is allocated. The limits are several
+    /// times the largest open models' (Llama 3.1 405B: 126 layers, hidden 16384, intermediate
+    /// 53248, 128 heads; vocabularies up to 256k).
     fn checked(self) -> Result<Self> {
         let bad = |reason: String| -> Result<Self> {
             Err(powerinfer::Error::config("model config", reason).into())
         };
+        for (what, v, limit) in [
+            ("layers", self.layers, 1 << 12),
+            ("hidden size", self.hidden, 1 << 17),
+            ("intermediate size", self.intermediate, 1 << 20),
+            ("attention heads", self.heads, 1 << 12),
+            ("KV heads", self.kv_heads, 1 << 12),
+            ("vocabulary", self.vocab, 1 << 23),
+        ] {
+            if v > limit {
+                return bad(format!("{v} {what} is beyond any model (at most {limit})"));
+            }
+        }
         if self.heads == 0 || self.kv_heads == 0 || self.layers == 0 || self.vocab == 0 {
             return bad(format!(
                 "{} heads, {} KV heads, {} layers, vocabulary {}: all must be at least 1",

@@ -228,7 +228,8 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
         } => Some(options.threads),
         _ => None,
     };
-    let mut layers = Vec::with_capacity(cfg.layers);
+    // Grown as layers load: `cfg.layers` comes from the file and is not trusted for a capacity.
+    let mut layers = Vec::new();
     for l in 0..cfg.layers {
         let p = format!("blk.{l}");
         let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
@@ -456,7 +457,8 @@ fn build_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
         .into());
     }
     let embed = get("model.embed_tokens.weight")?;
-    let mut layers = Vec::with_capacity(cfg.layers);
+    // Grown as layers load: `cfg.layers` comes from the file and is not trusted for a capacity.
+    let mut layers = Vec::new();
     for l in 0..cfg.layers {
         let p = format!("model.layers.{l}");
         let ab = cfg.attention_bias;

@@ -107,3 +107,73 @@ fn empty_and_overlong_prompts() {
     assert!(e.to_string().contains("999"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Sizes beyond any model in `config.json` or GGUF metadata (what a hostile file declares to make
+/// a loader allocate without bound) are typed errors naming the size, before anything of that
+/// size is allocated; so are safetensors headers whose tensors overlap or lie past the file.
+#[test]
+fn absurd_sizes_and_overlapping_tensors_are_typed_errors() {
+    let dir = temp_dir("absurd");
+    for (key, value) in [
+        ("num_hidden_layers", "1000000000"),
+        ("hidden_size", "1099511627776"),
+        ("intermediate_size", "1099511627776"),
+        ("vocab_size", "1099511627776"),
+        ("num_attention_heads", "1000000"),
+    ] {
+        let config = config_json("silu", 256);
+        let start = config.find(&format!("\"{key}\"")).unwrap();
+        let end = start + config[start..].find(',').unwrap();
+        let config = format!("{}\"{key}\": {value}{}", &config[..start], &config[end..]);
+        write_model(&dir, &tensors(), &config);
+        let e = load_safetensors(&dir, &FfnMode::Dense).expect_err(key);
+        assert!(
+            e.to_string().contains("beyond any model") && e.to_string().contains(value),
+            "{key}: {e}"
+        );
+    }
+    // GGUF metadata: 2^25 layers in a one-layer file.
+    let path = dir.join("layers.gguf");
+    let spec = GgufSpec {
+        hidden: 32,
+        inter: 64,
+        heads: 4,
+        kv_heads: 2,
+        layers: 1,
+        vocab: 32,
+        dtype: GgmlDType::Q8_0,
+        tied: true,
+        seed: 3,
+    };
+    write_gguf_llama(&path, &spec);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let key = b"llama.block_count";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+    bytes[at..at + 4].copy_from_slice(&(1u32 << 25).to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let e = open(&path, &FfnMode::Dense).expect_err("2^25 layers");
+    assert!(
+        e.to_string()
+            .contains("33554432 layers is beyond any model"),
+        "{e}"
+    );
+
+    // safetensors: two tensors over the same bytes, and one past the end of the file.
+    for (name, offsets) in [
+        ("overlap", [[0, 16], [8, 24]]),
+        ("past", [[0, 16], [16, 4096]]),
+    ] {
+        let header = format!(
+            r#"{{"a":{{"dtype":"F32","shape":[4],"data_offsets":[{},{}]}},"b":{{"dtype":"F32","shape":[4],"data_offsets":[{},{}]}}}}"#,
+            offsets[0][0], offsets[0][1], offsets[1][0], offsets[1][1]
+        );
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend(header.as_bytes());
+        b.extend([0u8; 32]);
+        write_model(&dir, &tensors(), &config_json("silu", 256));
+        std::fs::write(dir.join("model.safetensors"), &b).unwrap();
+        let e = load_safetensors(&dir, &FfnMode::Dense).expect_err(name);
+        assert!(matches!(e.kind(), ErrorKind::Format { .. }), "{name}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
