@@ -84,7 +84,12 @@ impl QLinear {
             data.push((o, w.data()?));
         }
         let parts: Vec<(usize, &[u8])> = data.iter().map(|(o, d)| (*o, &d[..])).collect();
-        let w = PackedRows::stack(kind, inp, &parts)?;
+        Self::from_packed(PackedRows::stack(kind, inp, &parts)?, bias, threads)
+    }
+
+    /// A layer over rows already packed (e.g. [`PackedRows::pack`] on a GGUF tensor's bytes read
+    /// straight from the file, without a candle `QTensor` in between).
+    pub fn from_packed(w: PackedRows, bias: Option<&Tensor>, threads: usize) -> Result<Self> {
         let out = w.rows();
         let bias = match bias {
             Some(b) if b.dims() != [out] => {

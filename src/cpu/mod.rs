@@ -7,6 +7,7 @@ mod attention;
 mod bundles;
 mod columns;
 mod dense_pass;
+mod heap;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -64,6 +65,7 @@ fn prefetch_with<const HINT: i32, T>(s: &[T]) {
 
 /// How many neurons ahead the row loops prefetch.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
+pub use heap::release_freed_memory;
 pub(crate) use packed::gemm;
 pub use packed::{PackedRows, PACK};
 pub(crate) use pool::spin;

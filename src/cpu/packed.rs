@@ -64,17 +64,23 @@ pub(crate) const fn record_bytes(kind: QuantKind) -> usize {
     }
 }
 
+/// Packed rows are whole 32-column blocks.
+fn check_cols(cols: usize) -> Result<()> {
+    if cols == 0 || !cols.is_multiple_of(QK) {
+        return Err(Error::shape(
+            "packed matrix columns (a multiple of 32)",
+            &[None],
+            &[cols],
+        ));
+    }
+    Ok(())
+}
+
 impl PackedRows {
     /// Packs `rows` rows of `cols` weights given in GGUF's row-major block layout (`src` holds
     /// `rows * kind.row_bytes(cols)` bytes; `cols` a positive multiple of 32).
     pub fn pack(kind: QuantKind, rows: usize, cols: usize, src: &[u8]) -> Result<Self> {
-        if cols == 0 || !cols.is_multiple_of(QK) {
-            return Err(Error::shape(
-                "packed matrix columns (a multiple of 32)",
-                &[None],
-                &[cols],
-            ));
-        }
+        check_cols(cols)?;
         let rb = kind.row_bytes(cols);
         if src.len() != rows * rb {
             return Err(Error::shape(
@@ -83,28 +89,50 @@ impl PackedRows {
                 &[src.len()],
             ));
         }
+        Self::pack_with(kind, rows, cols, |first, chunk| {
+            chunk.copy_from_slice(&src[first * rb..][..chunk.len()]);
+            Ok(())
+        })
+    }
+
+    /// [`PackedRows::pack`] with the rows read in groups of [`PACK`]: `read(first, chunk)` fills
+    /// `chunk` with the bytes of the rows from `first` on (e.g. from a file), so only one group
+    /// is held besides the packed matrix.
+    pub fn pack_with(
+        kind: QuantKind,
+        rows: usize,
+        cols: usize,
+        mut read: impl FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<Self> {
+        check_cols(cols)?;
+        let rb = kind.row_bytes(cols);
         let nb = cols / QK;
         let groups = rows.div_ceil(PACK);
         let (rec, sb) = (record_bytes(kind), scale_bytes(kind));
         let mut data = vec![0u8; groups * nb * rec];
-        for r in 0..rows {
-            let (g, l) = (r / PACK, r % PACK);
-            for b in 0..nb {
-                let blk = &src[r * rb + b * kind.block_bytes()..][..kind.block_bytes()];
-                let out = &mut data[(g * nb + b) * rec..][..rec];
-                out[2 * l..2 * l + 2].copy_from_slice(&blk[..2]);
-                let vals = match kind {
-                    QuantKind::Q4_1 => {
-                        out[2 * PACK + 2 * l..2 * PACK + 2 * l + 2].copy_from_slice(&blk[2..4]);
-                        &blk[4..]
-                    }
-                    _ => &blk[2..],
-                };
-                for (c, word) in vals.chunks_exact(4).enumerate() {
-                    let dst = &mut out[sb + 64 * c + 4 * l..][..4];
-                    dst.copy_from_slice(word);
-                    if kind == QuantKind::Q8_0 {
-                        dst.iter_mut().for_each(|v| *v ^= 0x80);
+        let mut chunk = vec![0u8; PACK * rb];
+        for g in 0..groups {
+            let n = PACK.min(rows - g * PACK);
+            let chunk = &mut chunk[..n * rb];
+            read(g * PACK, chunk)?;
+            for l in 0..n {
+                for b in 0..nb {
+                    let blk = &chunk[l * rb + b * kind.block_bytes()..][..kind.block_bytes()];
+                    let out = &mut data[(g * nb + b) * rec..][..rec];
+                    out[2 * l..2 * l + 2].copy_from_slice(&blk[..2]);
+                    let vals = match kind {
+                        QuantKind::Q4_1 => {
+                            out[2 * PACK + 2 * l..2 * PACK + 2 * l + 2].copy_from_slice(&blk[2..4]);
+                            &blk[4..]
+                        }
+                        _ => &blk[2..],
+                    };
+                    for (c, word) in vals.chunks_exact(4).enumerate() {
+                        let dst = &mut out[sb + 64 * c + 4 * l..][..4];
+                        dst.copy_from_slice(word);
+                        if kind == QuantKind::Q8_0 {
+                            dst.iter_mut().for_each(|v| *v ^= 0x80);
+                        }
                     }
                 }
             }
@@ -120,6 +148,10 @@ impl PackedRows {
     /// Packs several matrices with the same block type and width as one, rows stacked in order
     /// (e.g. the q, k and v projections, so one pass computes all three).
     pub fn stack(kind: QuantKind, cols: usize, parts: &[(usize, &[u8])]) -> Result<Self> {
+        // One part is packed from where it lies: no copy of a whole matrix at load.
+        if let [(rows, bytes)] = parts {
+            return Self::pack(kind, *rows, cols, bytes);
+        }
         let rows = parts.iter().map(|p| p.0).sum();
         let mut src = Vec::with_capacity(rows * kind.row_bytes(cols));
         for (r, bytes) in parts {

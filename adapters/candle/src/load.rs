@@ -16,7 +16,9 @@ use crate::config::LlamaConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::fused::{Decoder, Embed, KernelFfn};
 use crate::gguf::{qlinear, GgufFile};
-use crate::model::{Attention, DenseFfn, Ffn, Layer, Linear, Llama, Projection, RmsNorm};
+use crate::model::{
+    Attention, DenseFfn, Ffn, Layer, Linear, Llama, Projection, RmsNorm, TokenEmbedding,
+};
 
 /// How each layer's FFN is built.
 #[derive(Debug, Clone)]
@@ -170,9 +172,10 @@ fn unpackable(gguf: &GgufFile, cfg: &LlamaConfig, ffn: bool) -> Option<(String, 
 
 /// Loads a llama-family GGUF file with each layer's FFN built as `mode` says.
 pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
-    let model = build_gguf(gguf, mode)?;
+    let model = build_gguf(gguf, mode);
+    powerinfer::cpu::release_freed_memory();
     let path = gguf.path.clone();
-    install_artifact(model, mode, &path)
+    install_artifact(model?, mode, &path)
 }
 
 /// With [`Neurons::Artifact`]: reads the artifact, checks it was made from `model_path`, and
@@ -329,23 +332,49 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
         });
     }
     let norm_w = norm(gguf.dequantized("output_norm.weight")?, 0.0)?;
-    let embed_q = gguf.tensor("token_embd.weight")?;
     let tied = !gguf.content.tensor_infos.contains_key("output.weight");
+    // Fused and tied: the LM head's rows are also the embedding, packed straight from the file.
+    if let (Some(t), true) = (fused, tied) {
+        if let Some(w) = gguf.packed("token_embd.weight")? {
+            let head = Arc::new(powerinfer::QLinear::from_packed(w, None, t)?);
+            let (embed, lm_head) = (
+                Embed::Packed(Arc::clone(&head)),
+                Linear::Powerinfer(Arc::clone(&head)),
+            );
+            return finish(cfg, None, layers, norm_w, lm_head, Some((embed, head)));
+        }
+    }
+    let embed_q = gguf.tensor("token_embd.weight")?;
     let Some(t) = fused else {
-        let embed = embed_q.dequantize(&dev)?;
-        let lm_head = if tied {
-            embed_q
-        } else {
-            gguf.tensor("output.weight")?
+        let kind = match embed_q.dtype() {
+            GgmlDType::Q4_0 => Some(powerinfer::cpu::QuantKind::Q4_0),
+            GgmlDType::Q4_1 => Some(powerinfer::cpu::QuantKind::Q4_1),
+            GgmlDType::Q8_0 => Some(powerinfer::cpu::QuantKind::Q8_0),
+            _ => None,
         };
-        return finish(
-            cfg,
-            Some(embed),
-            layers,
-            norm_w,
-            qlinear(lm_head, None)?,
-            None,
-        );
+        // Tied and in blocks we can read: the embedding reads the LM head's rows (held once).
+        let (embed, lm_head) = match (tied, kind) {
+            (true, Some(kind)) => {
+                let w = Arc::new(embed_q);
+                let lm_head = Linear::Candle {
+                    w: QMatMul::from_arc(Arc::clone(&w))?,
+                    b: None,
+                };
+                let hidden = cfg.hidden;
+                (TokenEmbedding::Rows { w, kind, hidden }, lm_head)
+            }
+            _ => {
+                let table =
+                    TokenEmbedding::Table(Embedding::new(embed_q.dequantize(&dev)?, cfg.hidden));
+                let head = if tied {
+                    embed_q
+                } else {
+                    gguf.tensor("output.weight")?
+                };
+                (table, qlinear(head, None)?)
+            }
+        };
+        return finish(cfg, Some(embed), layers, norm_w, lm_head, None);
     };
     // Fused: the LM head on our kernels; a tied embedding is read from its rows (held once).
     let head = if tied {
@@ -371,7 +400,7 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
 
 fn finish(
     cfg: LlamaConfig,
-    embed: Option<Tensor>,
+    embed: Option<TokenEmbedding>,
     layers: Vec<Layer>,
     norm_: RmsNorm,
     lm_head: Linear,
@@ -383,19 +412,25 @@ fn finish(
     };
     let positions = cfg.context.min(32_768);
     let (cos, sin) = crate::model::rope_tables(&cfg, positions, &Device::Cpu)?;
-    let decoder = match fused {
-        Some((embed, head)) => Some(Decoder::new(
-            &cfg,
-            embed,
-            head,
-            norm_.wv.clone(),
-            cos.flatten_all()?.to_vec1::<f32>()?,
-            sin.flatten_all()?.to_vec1::<f32>()?,
-        )?),
-        None => None,
+    let (decoder, cos, sin) = match fused {
+        Some((embed, head)) => {
+            let d = Decoder::new(
+                &cfg,
+                embed,
+                head,
+                norm_.wv.clone(),
+                cos.flatten_all()?.to_vec1::<f32>()?,
+                sin.flatten_all()?.to_vec1::<f32>()?,
+            )?;
+            // The decoder holds the tables; the candle path's stay as empty `[positions, 0]`
+            // tensors, which still say how many positions there are.
+            let empty = Tensor::zeros((positions, 0), DType::F32, &Device::Cpu)?;
+            (Some(d), empty.clone(), empty)
+        }
+        None => (None, cos, sin),
     };
     Ok(Llama {
-        embed: embed.map(|e| Embedding::new(e, cfg.hidden)),
+        embed,
         config: cfg,
         layers,
         norm: norm_,
@@ -412,7 +447,9 @@ fn finish(
 
 /// Loads an HF safetensors checkpoint directory (`config.json` and `*.safetensors`).
 pub fn load_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
-    let model = build_safetensors(dir, mode)?;
+    let model = build_safetensors(dir, mode);
+    powerinfer::cpu::release_freed_memory();
+    let model = model?;
     install_artifact(model, mode, dir)
 }
 
@@ -523,6 +560,7 @@ fn build_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
         embed.clone()
     };
     let norm_w = get("model.norm.weight")?;
+    let embed = TokenEmbedding::Table(Embedding::new(embed, cfg.hidden));
     finish(
         cfg,
         Some(embed),

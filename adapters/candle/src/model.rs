@@ -242,8 +242,8 @@ fn linear_bytes(l: &Linear) -> usize {
 #[derive(Debug)]
 pub struct Llama {
     pub(crate) config: LlamaConfig,
-    /// The candle path's embedding table (the fused decoder reads its own).
-    pub(crate) embed: Option<Embedding>,
+    /// The candle path's token embedding (the fused decoder reads its own).
+    pub(crate) embed: Option<TokenEmbedding>,
     pub(crate) layers: Vec<Layer>,
     pub(crate) norm: RmsNorm,
     pub(crate) lm_head: Linear,
@@ -260,6 +260,47 @@ pub struct Llama {
     /// Layers ahead whose fast tiers prefetch their predicted neurons (0: none; see
     /// [`crate::TierOptions::prefetch_depth`]).
     pub(crate) prefetch_depth: usize,
+}
+
+/// The candle path's token embedding.
+#[derive(Debug)]
+pub(crate) enum TokenEmbedding {
+    /// A float table.
+    Table(Embedding),
+    /// The rows of a Q4_0 / Q4_1 / Q8_0 matrix, dequantized per token: a tied embedding shares
+    /// the LM head's blocks instead of holding a float copy four to seven times their size.
+    Rows {
+        w: Arc<candle_core::quantized::QTensor>,
+        kind: powerinfer::cpu::QuantKind,
+        hidden: usize,
+    },
+}
+
+impl TokenEmbedding {
+    /// `[1, tokens, hidden]` f32 for `tokens` (also given as the `[1, tokens]` tensor `ids`).
+    fn forward(&self, tokens: &[u32], ids: &Tensor) -> Result<Tensor> {
+        match self {
+            TokenEmbedding::Table(e) => Ok(e.forward(ids)?),
+            TokenEmbedding::Rows { w, kind, hidden } => {
+                let data = w.data()?;
+                let rb = kind.row_bytes(*hidden);
+                let mut out = vec![0f32; tokens.len() * hidden];
+                for (&t, o) in tokens.iter().zip(out.chunks_exact_mut(*hidden)) {
+                    let src = data
+                        .get(t as usize * rb..(t as usize + 1) * rb)
+                        .ok_or_else(|| {
+                            powerinfer::Error::config("embedding", format!("token {t} has no row"))
+                        })?;
+                    powerinfer::cpu::dequantize_row(*kind, src, o);
+                }
+                Ok(Tensor::from_vec(
+                    out,
+                    (1, tokens.len(), *hidden),
+                    &Device::Cpu,
+                )?)
+            }
+        }
+    }
 }
 
 /// RoPE tables for `positions` positions.
@@ -402,6 +443,7 @@ impl Llama {
         if let Some(t) = timings {
             clock.add_to(t);
         }
+        check_logits(logits)?;
         Ok(logits)
     }
 
@@ -458,6 +500,7 @@ impl Llama {
                 &mut clock,
             )?;
             let vocab = self.config.vocab;
+            check_logits(logits)?;
             let t = if last_only {
                 Tensor::from_slice(logits, vocab, &Device::Cpu)?
             } else {
@@ -484,6 +527,10 @@ impl Llama {
             logits
         };
         let logits = logits.to_dtype(DType::F32)?;
+        // One sum finds a NaN or infinity without copying the logits out.
+        if !logits.sum_all()?.to_scalar::<f32>()?.is_finite() {
+            check_logits(&logits.flatten_all()?.to_vec1::<f32>()?)?;
+        }
         clock.lap(Lap::LmHead);
         if let Some(t) = &mut self.timings {
             clock.add_to(t);
@@ -563,7 +610,7 @@ impl Llama {
             )
             .into());
         };
-        let mut x = embed.forward(&ids)?;
+        let mut x = embed.forward(tokens, &ids)?;
         let (cos, sin) = (self.cos.narrow(0, pos, seq)?, self.sin.narrow(0, pos, seq)?);
         clock.lap(Lap::Other);
         let cfg = &self.config;
@@ -597,6 +644,19 @@ impl Llama {
             x = (f + &x)?;
         }
         Ok(x)
+    }
+}
+
+/// Non-finite logits (from NaN or infinite weights the load could not see, or values that
+/// overflowed) are a typed error rather than a token sampled from garbage.
+fn check_logits(logits: &[f32]) -> Result<()> {
+    match logits.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(powerinfer::Error::from(powerinfer::ErrorKind::NonFinite {
+            tensor: "logits".into(),
+            index,
+        })
+        .into()),
+        None => Ok(()),
     }
 }
 

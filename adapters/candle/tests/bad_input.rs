@@ -177,3 +177,75 @@ fn absurd_sizes_and_overlapping_tensors_are_typed_errors() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// NaN and infinite weights: in a GGUF file's float tensors and in the scales of its Q8_0 and
+/// Q4_1 blocks they are typed errors naming the tensor when it loads; where a loader cannot see
+/// them (a safetensors checkpoint), the first forward returns a typed error instead of logits.
+#[test]
+fn nan_and_infinite_weights_are_typed_errors() {
+    let dir = temp_dir("nan");
+    for (dtype, tensor, at, bytes) in [
+        (
+            GgmlDType::Q8_0,
+            "blk.0.attn_norm.weight",
+            12usize,
+            f32::NAN.to_le_bytes().to_vec(),
+        ),
+        (
+            GgmlDType::Q8_0,
+            "blk.0.attn_q.weight",
+            34 * 5,
+            vec![0x00, 0x7c],
+        ), // f16 +inf scale
+        (
+            GgmlDType::Q4_1,
+            "blk.1.ffn_up.weight",
+            20 * 3 + 2,
+            vec![0x00, 0x7e],
+        ), // f16 NaN min
+    ] {
+        let path = dir.join("nan.gguf");
+        let spec = GgufSpec {
+            hidden: 32,
+            inter: 64,
+            heads: 4,
+            kv_heads: 2,
+            layers: 2,
+            vocab: 32,
+            dtype,
+            tied: true,
+            seed: 4,
+        };
+        write_gguf_llama(&path, &spec);
+        let g = GgufFile::open(&path).unwrap();
+        let start = g.content.tensor_data_offset + g.content.tensor_infos[tensor].offset;
+        drop(g);
+        let mut b = std::fs::read(&path).unwrap();
+        let at = start as usize + at;
+        b[at..at + bytes.len()].copy_from_slice(&bytes);
+        std::fs::write(&path, &b).unwrap();
+        for mode in [FfnMode::Dense, FfnMode::gate_first(0.0)] {
+            let mut g = GgufFile::open(&path).unwrap();
+            let e = powerinfer_candle::load_gguf(&mut g, &mode).expect_err(tensor);
+            assert!(
+                e.to_string()
+                    .contains(&format!("tensor `{tensor}` has a NaN or infinity")),
+                "{dtype:?} {tensor}: {e}"
+            );
+        }
+    }
+    let mut t = tensors();
+    let norm = "model.layers.1.input_layernorm.weight";
+    let mut v = t[norm].to_vec1::<f32>().unwrap();
+    v[3] = f32::INFINITY;
+    t.insert(norm.into(), Tensor::new(v, &Device::Cpu).unwrap());
+    write_model(&dir, &t, &config_json("silu", 256));
+    let mut m = load_safetensors(&dir, &FfnMode::Dense).unwrap();
+    let e = m.forward(&[1, 2, 3], 0).expect_err("infinite norm weight");
+    assert!(
+        e.to_string()
+            .contains("tensor `logits` has a NaN or infinity"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
