@@ -331,6 +331,8 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
             kv: None,
         });
     }
+    // The layers' temporaries are freed; give them back before the largest tensor is read.
+    powerinfer::cpu::release_freed_memory();
     let norm_w = norm(gguf.dequantized("output_norm.weight")?, 0.0)?;
     let tied = !gguf.content.tensor_infos.contains_key("output.weight");
     // Fused and tied: the LM head's rows are also the embedding, packed straight from the file.

@@ -121,3 +121,25 @@ pub async fn greedy(model: &Model, prompt: &str, max_tokens: usize) -> Result<Co
         decode_tok_s: resp.usage.avg_compl_tok_per_sec,
     })
 }
+
+/// [`greedy`] on every prompt at once: the requests reach mistral.rs's scheduler together, which
+/// batches them (as a server does with concurrent clients). Answers in prompt order.
+#[allow(dead_code)] // each binary uses what it needs
+pub async fn concurrent(
+    model: &std::sync::Arc<Model>,
+    prompts: &[String],
+    max_tokens: usize,
+) -> Result<Vec<Completion>> {
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (m, p) = (std::sync::Arc::clone(model), p.clone());
+            tokio::spawn(async move { greedy(&m, &p, max_tokens).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.context("a request task failed")??);
+    }
+    Ok(out)
+}

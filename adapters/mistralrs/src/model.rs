@@ -65,7 +65,12 @@ pub async fn chat(
         );
     }
     let r = powerinfer::report();
-    println!("{} over {} layer rows ({} sparse layers)", skipped(&sparse, &r), r.rows, r.layers);
+    println!(
+        "{} over {} layer rows ({} sparse layers)",
+        skipped(&sparse, &r),
+        r.rows,
+        r.layers
+    );
     Ok(())
 }
 

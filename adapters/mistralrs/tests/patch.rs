@@ -226,7 +226,9 @@ async fn artifact_predictors_generate_text() {
 async fn artifact_input_rule_skips_ffn_bytes_and_generates_text() {
     let Some(art) = artifact() else { return };
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let m = load_with(PowerInferConfig::input(Some(art.clone()))).await.unwrap();
+    let m = load_with(PowerInferConfig::input(Some(art.clone())))
+        .await
+        .unwrap();
     powerinfer::reset_report();
     let c = greedy::greedy(&m, "Write one sentence about the sea.", 24)
         .await
@@ -235,7 +237,10 @@ async fn artifact_input_rule_skips_ffn_bytes_and_generates_text() {
     let r = powerinfer::report();
     assert_eq!(r.rows % 30, 0, "{r:?}");
     let s = r.ffn_bytes_skipped();
-    assert!(s > 0.1 && s < 0.5, "FFN bytes skipped {s} by the artifact's rule");
+    assert!(
+        s > 0.1 && s < 0.5,
+        "FFN bytes skipped {s} by the artifact's rule"
+    );
     drop(m);
     // Every input kept: nothing but the inputs that quantize to zero is skipped.
     let m = load_with(PowerInferConfig::input(None)).await.unwrap();
@@ -244,5 +249,8 @@ async fn artifact_input_rule_skips_ffn_bytes_and_generates_text() {
         .await
         .unwrap();
     let s = powerinfer::report().ffn_bytes_skipped();
-    assert!((0.0..0.05).contains(&s), "every input kept, yet {s} skipped");
+    assert!(
+        (0.0..0.05).contains(&s),
+        "every input kept, yet {s} skipped"
+    );
 }
