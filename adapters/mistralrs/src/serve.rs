@@ -16,7 +16,8 @@ use mistralrs_server_core::mistralrs_server_router_builder::MistralRsServerRoute
 /// mistral.rs's `no_kv_cache` (which recomputes every position for every token) avoids it
 /// (`powerinfer-mistralrs-baseline --concurrent` reproduces it on unpatched mistral.rs). So the
 /// server admits `limit` requests at a time (default 1: every answer is the one the request
-/// gets alone) and queues the rest.
+/// gets alone) and queues the rest. The prefix cache is off, so a request's answer does not
+/// depend on the requests before it either.
 pub async fn serve(
     path: &Path,
     sparse: PowerInferConfig,
@@ -44,6 +45,11 @@ pub async fn serve(
             max_batch_size: AutoDeviceMapParams::DEFAULT_MAX_BATCH_SIZE,
         })
         .with_cpu(true)
+        // No prefix cache: a cached prompt prefix changes which rows a sparse layer's call holds
+        // (the union of the rows' neurons), so how the CPU tier splits the neurons across
+        // threads and the order of the float sums; a repeated greedy request could then part
+        // from its first answer at a near-tie.
+        .with_prefix_cache_n(0)
         .build()
         .await
         .with_context(|| format!("loading {} for the server", path.display()))?;
