@@ -458,19 +458,7 @@ impl HybridFfn {
         }
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let s = &mut *guard;
-        s.set.reset(rows, spec.intermediate);
-        if self.bundles.dtype().quant().is_some() {
-            crate::cpu::QuantizedRow::quantize_rows(&mut s.xq, x, spec.hidden);
-        }
-        let input = PredictInput {
-            x,
-            rows,
-            hidden: spec.hidden,
-            bundles: &self.bundles,
-            kernels: &self.kernels,
-            pool: &self.pool,
-            xq: &s.xq,
-        };
+        let input = self.predict_input(&mut s.xq, &mut s.set, x, rows);
         self.predictor
             .predict(&input, &mut s.set)
             .map_err(|e| self.in_layer(e))?;
@@ -505,23 +493,36 @@ impl HybridFfn {
         to_tensor(out, xs.dims(), xs.dtype())
     }
 
-    fn compute(&self, s: &mut Scratch, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
-        let spec = *self.bundles.spec();
-        let dense = self.force_dense.load(Ordering::Relaxed)
-            || matches!(self.prefill, PrefillPolicy::DenseFrom(n) if rows >= n);
-        s.set.reset(rows, spec.intermediate);
+    /// Readies a call on `x`: `set` emptied for `rows` rows, the input quantized into `xq` where
+    /// the storage is quantized, and the predictor's view of both.
+    fn predict_input<'a>(
+        &'a self,
+        xq: &'a mut Vec<crate::cpu::QuantizedRow>,
+        set: &mut ActiveSet,
+        x: &'a [f32],
+        rows: usize,
+    ) -> PredictInput<'a> {
+        let spec = self.bundles.spec();
+        set.reset(rows, spec.intermediate);
         if self.bundles.dtype().quant().is_some() {
-            crate::cpu::QuantizedRow::quantize_rows(&mut s.xq, x, spec.hidden);
+            crate::cpu::QuantizedRow::quantize_rows(xq, x, spec.hidden);
         }
-        let input = PredictInput {
+        PredictInput {
             x,
             rows,
             hidden: spec.hidden,
             bundles: &self.bundles,
             kernels: &self.kernels,
             pool: &self.pool,
-            xq: &s.xq,
-        };
+            xq,
+        }
+    }
+
+    fn compute(&self, s: &mut Scratch, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
+        let spec = *self.bundles.spec();
+        let dense = self.force_dense.load(Ordering::Relaxed)
+            || matches!(self.prefill, PrefillPolicy::DenseFrom(n) if rows >= n);
+        let input = self.predict_input(&mut s.xq, &mut s.set, x, rows);
         // A threshold predictor runs inline in the tiers' pass (same output, one pass).
         let rule = if dense {
             None

@@ -80,8 +80,13 @@ pub async fn serve(
     result
 }
 
-/// One greedy chat completion over HTTP: its text.
-async fn ask(client: &reqwest::Client, base: &str, prompt: &str, tokens: u32) -> Result<String> {
+/// One greedy chat completion over HTTP: its text and how many tokens it has.
+async fn ask(
+    client: &reqwest::Client,
+    base: &str,
+    prompt: &str,
+    tokens: u32,
+) -> Result<(String, u64)> {
     let body = serde_json::json!({
         "model": "default",
         "messages": [{"role": "user", "content": prompt}],
@@ -98,10 +103,11 @@ async fn ask(client: &reqwest::Client, base: &str, prompt: &str, tokens: u32) ->
     let text = resp.text().await?;
     anyhow::ensure!(status.is_success(), "HTTP {status}: {text}");
     let json: serde_json::Value = serde_json::from_str(&text).context("response is not JSON")?;
-    json["choices"][0]["message"]["content"]
+    let answer = json["choices"][0]["message"]["content"]
         .as_str()
-        .map(str::to_string)
-        .with_context(|| format!("no choices[0].message.content in {text}"))
+        .with_context(|| format!("no choices[0].message.content in {text}"))?;
+    let tokens = json["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    Ok((answer.to_string(), tokens))
 }
 
 /// Four greedy requests one after another, then each of them three times, all twelve at once
@@ -114,14 +120,16 @@ async fn check_concurrent(base: &str) -> Result<()> {
         .collect();
     let mut alone = Vec::new();
     for p in &prompts {
-        alone.push(ask(&client, base, p, 16).await?);
+        alone.push(ask(&client, base, p, 16).await?.0);
     }
     let started = std::time::Instant::now();
     let tasks: Vec<_> = (0..3 * prompts.len())
         .map(|k| {
             let (client, base) = (client.clone(), base.to_string());
             let p = prompts[k % prompts.len()].clone();
-            tokio::spawn(async move { ask(&client, &base, &p, 16).await })
+            tokio::spawn(
+                async move { Ok::<_, anyhow::Error>(ask(&client, &base, &p, 16).await?.0) },
+            )
         })
         .collect();
     for (k, t) in tasks.into_iter().enumerate() {
@@ -143,34 +151,16 @@ async fn check_concurrent(base: &str) -> Result<()> {
 /// One chat completion over HTTP: the answer must be non-empty text from the sparse FFN.
 async fn check_chat(base: &str) -> Result<()> {
     powerinfer::reset_report();
-    let body = serde_json::json!({
-        "model": "default",
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
-        "max_tokens": 32,
-        "temperature": 0.0,
-    });
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .context("POST /v1/chat/completions")?;
-    let status = resp.status();
-    let text = resp.text().await?;
-    anyhow::ensure!(status.is_success(), "HTTP {status}: {text}");
-    let json: serde_json::Value = serde_json::from_str(&text).context("response is not JSON")?;
-    let answer = json["choices"][0]["message"]["content"]
-        .as_str()
-        .with_context(|| format!("no choices[0].message.content in {text}"))?;
-    anyhow::ensure!(!answer.trim().is_empty(), "empty answer: {text}");
-    let tokens = json["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    let client = reqwest::Client::new();
+    let (answer, tokens) = ask(&client, base, "What is the capital of France?", 32).await?;
+    anyhow::ensure!(!answer.trim().is_empty(), "empty answer");
     let r = powerinfer::report();
     anyhow::ensure!(
         r.rows > 0,
         "the request did not run through the sparse FFN (no rows counted)"
     );
     println!(
-        "POST /v1/chat/completions -> {status}, {tokens} tokens:\n{}",
+        "POST /v1/chat/completions -> {tokens} tokens:\n{}",
         answer.trim()
     );
     println!(
