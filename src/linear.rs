@@ -1,24 +1,35 @@
-//! `QLinear`: a dense linear layer on GGUF Q4_0 / Q4_1 / Q8_0 weights through the engine's
-//! integer kernels and pool, for the parts of a model around the sparse FFN (attention
-//! projections, the LM head) where candle's own quantized matmul has no SIMD path for the block
-//! type.
+//! `QLinear`: a dense linear layer on GGUF blocks (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K,
+//! Q6_K) through the engine's integer kernels and pool, for the parts of a model around the
+//! sparse FFN (attention projections, the LM head) and the fused decoder's dense FFN.
 //!
 //! The weights are kept in row-interleaved groups of 16 rows ([`PackedRows`], the file's bytes in
-//! another order). Each input row is quantized once, exactly as ggml quantizes it; every group is
-//! one pass of 16 output features. Threads take static ranges of groups.
+//! another order). Each input row is quantized once, exactly as ggml quantizes it for the block
+//! type (Q8_0/Q8_1 blocks of 32, or Q8_K super-blocks of 256 for the K-quants); every group is
+//! one pass of 16 output features. Stacked tensors of different block types (a Q4_K_M file's
+//! Q4_K q and k beside a Q6_K v) are kept as parts of one layer: one pass over the input, one
+//! pool dispatch, threads on static ranges of groups across the parts.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Module, Tensor};
 
-use crate::cpu::{gemm, Kernels, PackedRows, Pool, QuantKind, QuantizedRow, SimdLevel, PACK};
+use crate::cpu::{
+    gemm, BlockKind, Inputs, Kernels, PackedRows, Pool, QuantKind, QuantizedRow, SimdLevel, PACK,
+};
 use crate::error::{Error, Result};
 use crate::tensor_io::{check_rows, to_tensor, with_f32};
 
 /// A quantized linear layer `y = W x (+ b)` with `W: [out, in]` in GGUF blocks.
 pub struct QLinear {
-    w: PackedRows,
+    /// Row ranges of `W` in order, each in one block type.
+    parts: Vec<PackedRows>,
+    /// Per part: its first output feature and its first group in the layer's group order.
+    starts: Vec<(usize, usize)>,
+    out: usize,
+    inp: usize,
+    inputs: Inputs,
     bias: Option<Vec<f32>>,
     kernels: Kernels,
     pool: Arc<Pool>,
@@ -27,25 +38,39 @@ pub struct QLinear {
 
 impl std::fmt::Debug for QLinear {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kinds: Vec<_> = self.parts.iter().map(|p| p.kind()).collect();
         f.debug_struct("QLinear")
-            .field("kind", &self.w.kind())
-            .field("out", &self.w.rows())
-            .field("in", &self.w.cols())
+            .field("kinds", &kinds)
+            .field("out", &self.out)
+            .field("in", &self.inp)
             .finish()
     }
 }
 
-/// The block type of a GGUF tensor our integer kernels take.
-pub(crate) fn quant_kind(w: &QTensor) -> Result<QuantKind> {
-    match w.dtype() {
-        GgmlDType::Q4_0 => Ok(QuantKind::Q4_0),
-        GgmlDType::Q4_1 => Ok(QuantKind::Q4_1),
-        GgmlDType::Q8_0 => Ok(QuantKind::Q8_0),
-        other => Err(Error::config(
+/// The block type of a GGUF tensor our integer kernels take, or a typed error naming it.
+pub(crate) fn block_kind(dtype: GgmlDType) -> Result<BlockKind> {
+    BlockKind::from_ggml(dtype).ok_or_else(|| {
+        Error::config(
             "QLinear weight",
-            format!("block type {other:?} is not Q4_0, Q4_1 or Q8_0"),
-        )),
-    }
+            format!(
+                "block type {dtype:?} is not one of Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"
+            ),
+        )
+    })
+}
+
+/// The sparse layouts' block type of a GGUF tensor (Q4_0, Q4_1, Q8_0), or a typed error naming
+/// the block type.
+pub(crate) fn quant_kind(w: &QTensor) -> Result<QuantKind> {
+    block_kind(w.dtype())?.quant_kind().ok_or_else(|| {
+        Error::config(
+            "sparse weight",
+            format!(
+                "block type {:?}: the sparse layouts take Q4_0, Q4_1 and Q8_0",
+                w.dtype()
+            ),
+        )
+    })
 }
 
 pub(crate) fn dims2(w: &QTensor) -> Result<(usize, usize)> {
@@ -56,41 +81,78 @@ pub(crate) fn dims2(w: &QTensor) -> Result<(usize, usize)> {
 }
 
 impl QLinear {
-    /// From a GGUF tensor of Q4_0, Q4_1 or Q8_0 blocks (`[out, in]`, `in` a multiple of 32); other
+    /// From a GGUF tensor (`[out, in]`) of a block type the kernels take ([`BlockKind`]); other
     /// block types are a typed error (use candle's `QMatMul` for those).
     pub fn new(w: &QTensor, bias: Option<&Tensor>, threads: usize) -> Result<Self> {
         Self::stacked(&[w], bias, threads)
     }
 
-    /// Several GGUF tensors with the same block type and input width as one layer, output
-    /// features stacked in order (e.g. q, k and v: one pass over the input for all three).
+    /// Several GGUF tensors with the same input width as one layer, output features stacked in
+    /// order (e.g. q, k and v: one pass over the input for all three). Consecutive tensors of
+    /// one block type are packed together; each change of type starts a new part.
     pub fn stacked(ws: &[&QTensor], bias: Option<&Tensor>, threads: usize) -> Result<Self> {
         let Some(first) = ws.first() else {
             return Err(Error::config("QLinear weight", "no tensor given"));
         };
-        let (kind, inp) = (quant_kind(first)?, dims2(first)?.1);
+        block_kind(first.dtype())?;
+        let inp = dims2(first)?.1;
         let mut data = Vec::with_capacity(ws.len());
         for w in ws {
+            let kind = block_kind(w.dtype())?;
             let (o, i) = dims2(w)?;
-            if quant_kind(w)? != kind || i != inp {
+            if i != inp {
                 return Err(Error::config(
                     "QLinear weight",
-                    format!(
-                        "stacked tensors differ: {:?} [_, {i}] after {kind:?} [_, {inp}]",
-                        w.dtype()
-                    ),
+                    format!("stacked tensors differ: [_, {i}] after [_, {inp}]"),
                 ));
             }
-            data.push((o, w.data()?));
+            data.push((kind, o, w.data()?));
         }
-        let parts: Vec<(usize, &[u8])> = data.iter().map(|(o, d)| (*o, &d[..])).collect();
-        Self::from_packed(PackedRows::stack(kind, inp, &parts)?, bias, threads)
+        let mut parts = Vec::new();
+        let mut at = 0;
+        while at < data.len() {
+            let kind = data[at].0;
+            let run = data[at..].iter().take_while(|d| d.0 == kind).count();
+            let rows: Vec<(usize, &[u8])> = data[at..at + run]
+                .iter()
+                .map(|(_, o, d)| (*o, &d[..]))
+                .collect();
+            parts.push(PackedRows::stack(kind, inp, &rows)?);
+            at += run;
+        }
+        Self::from_parts(parts, bias, threads)
     }
 
     /// A layer over rows already packed (e.g. [`PackedRows::pack`] on a GGUF tensor's bytes read
     /// straight from the file, without a candle `QTensor` in between).
     pub fn from_packed(w: PackedRows, bias: Option<&Tensor>, threads: usize) -> Result<Self> {
-        let out = w.rows();
+        Self::from_parts(vec![w], bias, threads)
+    }
+
+    /// A layer over several packed parts with the same width, output features stacked in order.
+    pub fn from_parts(
+        parts: Vec<PackedRows>,
+        bias: Option<&Tensor>,
+        threads: usize,
+    ) -> Result<Self> {
+        let Some(inp) = parts.first().map(|p| p.cols()) else {
+            return Err(Error::config("QLinear weight", "no part given"));
+        };
+        let (mut starts, mut out, mut groups) = (Vec::with_capacity(parts.len()), 0, 0);
+        let mut inputs = Inputs::default();
+        for p in &parts {
+            if p.cols() != inp {
+                return Err(Error::shape(
+                    "QLinear part width",
+                    &[Some(inp)],
+                    &[p.cols()],
+                ));
+            }
+            starts.push((out, groups));
+            out += p.rows();
+            groups += p.groups();
+            inputs = inputs.union(p.kind().inputs());
+        }
         let bias = match bias {
             Some(b) if b.dims() != [out] => {
                 return Err(Error::shape("QLinear bias", &[Some(out)], b.dims()))
@@ -99,7 +161,11 @@ impl QLinear {
             None => None,
         };
         Ok(QLinear {
-            w,
+            parts,
+            starts,
+            out,
+            inp,
+            inputs,
             bias,
             kernels: Kernels::detect()?,
             pool: Pool::shared(threads.max(1)),
@@ -116,12 +182,23 @@ impl QLinear {
 
     /// `(out, in)` features.
     pub fn dims(&self) -> (usize, usize) {
-        (self.w.rows(), self.w.cols())
+        (self.out, self.inp)
     }
 
-    /// The packed weights.
-    pub fn weights(&self) -> &PackedRows {
-        &self.w
+    /// The packed weights, one part per run of one block type.
+    pub fn parts(&self) -> &[PackedRows] {
+        &self.parts
+    }
+
+    /// Weight bytes held (what a product reads).
+    pub fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.bytes()).sum()
+    }
+
+    /// The input quantization the products read: quantize inputs for
+    /// [`QLinear::forward_quantized`] with [`QuantizedRow::quantize_for`] and these.
+    pub fn inputs(&self) -> Inputs {
+        self.inputs
     }
 
     /// The pool the products run on.
@@ -132,17 +209,23 @@ impl QLinear {
     /// Row `r` of `W` dequantized into `out` (`in` values): an embedding lookup for a tied LM
     /// head. A typed error if `r` is out of range or `out` has the wrong length.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
-        self.w.dequantize_row(r, out).ok_or_else(|| {
-            Error::config(
-                "QLinear row",
-                format!(
-                    "row {r} of {} into {} values (expected {})",
-                    self.w.rows(),
-                    out.len(),
-                    self.w.cols()
-                ),
-            )
-        })
+        let part = self
+            .parts
+            .iter()
+            .zip(&self.starts)
+            .find(|(p, (first, _))| r >= *first && r < first + p.rows());
+        part.and_then(|(p, (first, _))| p.dequantize_row(r - first, out))
+            .ok_or_else(|| {
+                Error::config(
+                    "QLinear row",
+                    format!(
+                        "row {r} of {} into {} values (expected {})",
+                        self.out,
+                        out.len(),
+                        self.inp
+                    ),
+                )
+            })
     }
 
     /// `y = W x + b` for `rows` rows of `x` (`rows * in`) into `y` (`rows * out`).
@@ -164,13 +247,27 @@ impl QLinear {
         }
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (xq, tmp) = &mut *guard;
-        let xq = QuantizedRow::quantize_rows(xq, x, inp);
+        let xq = QuantizedRow::quantize_rows_for(xq, x, inp, self.inputs);
         self.forward_quantized(xq, y, tmp)
     }
 
-    /// `y = W x + b` for inputs already quantized with [`QuantizedRow::quantize`] (`in` values
-    /// each): `y` holds `xq.len() * out` values, row-major. `tmp` is scratch, reused between calls
-    /// (untouched for a single row). Allocation-free once `tmp` has grown.
+    /// The groups of the layer (across parts) in `range` against `xq` into `buf` (`range.len()
+    /// * rows * 16` values): each part's share through its kernels.
+    fn groups(&self, range: Range<usize>, xq: &[QuantizedRow], buf: &mut [f32]) {
+        let per = xq.len() * PACK;
+        for (p, &(_, g0)) in self.parts.iter().zip(&self.starts) {
+            let (lo, hi) = (range.start.max(g0), range.end.min(g0 + p.groups()));
+            if lo < hi {
+                let part = &mut buf[(lo - range.start) * per..(hi - range.start) * per];
+                gemm(&self.kernels, p, lo - g0..hi - g0, xq, part);
+            }
+        }
+    }
+
+    /// `y = W x + b` for inputs already quantized with [`QuantizedRow::quantize_for`] and
+    /// [`QLinear::inputs`] (`in` values each): `y` holds `xq.len() * out` values, row-major.
+    /// `tmp` is scratch, reused between calls (untouched for a single row when every part's
+    /// rows are whole groups). Allocation-free once `tmp` has grown.
     pub fn forward_quantized(
         &self,
         xq: &[QuantizedRow],
@@ -186,16 +283,19 @@ impl QLinear {
                 &[y.len()],
             ));
         }
-        if let Some(x) = xq.iter().find(|x| x.blocks() * crate::cpu::QK != inp) {
-            return Err(Error::shape(
-                "QLinear quantized input",
-                &[Some(inp)],
-                &[x.blocks() * crate::cpu::QK],
-            ));
+        for x in xq {
+            let held = [
+                (self.inputs.blocks32, x.blocks() * crate::cpu::QK),
+                (self.inputs.k, x.k.blocks() * crate::cpu::QK_K),
+            ];
+            if let Some((_, n)) = held.iter().find(|(need, n)| *need && *n != inp) {
+                return Err(Error::shape("QLinear quantized input", &[Some(inp)], &[*n]));
+            }
         }
-        let groups = self.w.groups();
-        let (k, w, n) = (&self.kernels, &self.w, self.pool.threads());
-        let direct = rows == 1 && out % PACK == 0;
+        let groups =
+            self.starts.last().map_or(0, |s| s.1) + self.parts.last().map_or(0, |p| p.groups());
+        let n = self.pool.threads();
+        let direct = rows == 1 && self.parts.iter().all(|p| p.rows() % PACK == 0);
         let buf: &mut [f32] = if direct {
             y
         } else {
@@ -204,17 +304,20 @@ impl QLinear {
             tmp
         };
         if n == 1 || groups < 2 {
-            gemm(k, w, 0..groups, xq, buf);
+            self.groups(0..groups, xq, buf);
         } else {
             self.pool
                 .run_chunks(buf, groups, rows * PACK, &|range, part| {
-                    gemm(k, w, range, xq, part)
+                    self.groups(range, xq, part)
                 });
         }
         if !direct {
-            for r in 0..rows {
-                for j in 0..out {
-                    y[r * out + j] = tmp[((j / PACK) * rows + r) * PACK + j % PACK];
+            for (p, &(first, g0)) in self.parts.iter().zip(&self.starts) {
+                for r in 0..rows {
+                    for j in 0..p.rows() {
+                        y[r * out + first + j] =
+                            tmp[((g0 + j / PACK) * rows + r) * PACK + j % PACK];
+                    }
                 }
             }
         }

@@ -8,6 +8,8 @@
 
 use half::f16;
 
+use super::blocks::Inputs;
+
 /// Weights per block.
 pub const QK: usize = 32;
 
@@ -64,6 +66,9 @@ pub struct QuantizedRow {
     /// The values regrouped for 4-bit rows in the split layout: per group of 4 blocks, the first
     /// 16 values of each block, then their last 16 (128 bytes, zero past the last block).
     pub(crate) q4: Vec<i8>,
+    /// The row as ggml's Q8_K (256-value super-blocks), for the K-quants; empty unless asked
+    /// for ([`QuantizedRow::quantize_for`]).
+    pub(crate) k: super::blocks::Q8K,
 }
 
 impl QuantizedRow {
@@ -78,6 +83,50 @@ impl QuantizedRow {
             self.q4[g * 128 + 16 * j..][..16].copy_from_slice(&blk[..16]);
             self.q4[g * 128 + 64 + 16 * j..][..16].copy_from_slice(&blk[16..]);
         }
+    }
+
+    /// Quantizes `x` in the forms `inputs` asks for (32-value blocks as [`QuantizedRow::quantize`],
+    /// 256-value super-blocks as ggml's Q8_K), reusing the buffers; a form not asked for is left
+    /// empty.
+    pub fn quantize_for(&mut self, x: &[f32], inputs: Inputs) {
+        if inputs.blocks32 {
+            self.quantize(x);
+        } else {
+            self.clear32();
+        }
+        if inputs.k {
+            self.k.quantize(x);
+        } else {
+            self.k.d.clear();
+            self.k.q.clear();
+            self.k.bsum.clear();
+        }
+    }
+
+    fn clear32(&mut self) {
+        self.d.clear();
+        self.sum.clear();
+        self.s.clear();
+        self.q.clear();
+        self.q4.clear();
+    }
+
+    /// [`QuantizedRow::quantize_for`] over rows of `width` values, as
+    /// [`QuantizedRow::quantize_rows`].
+    pub fn quantize_rows_for<'a>(
+        rows: &'a mut Vec<QuantizedRow>,
+        x: &[f32],
+        width: usize,
+        inputs: Inputs,
+    ) -> &'a [QuantizedRow] {
+        let n = x.len().checked_div(width).unwrap_or(0);
+        if rows.len() < n {
+            rows.resize_with(n, Default::default);
+        }
+        for (q, xr) in rows.iter_mut().zip(x.chunks_exact(width.max(1))) {
+            q.quantize_for(xr, inputs);
+        }
+        &rows[..n]
     }
 
     /// [`QuantizedRow::quantize`] without the regrouped copy for 4-bit split rows (`q4`, left
@@ -112,20 +161,25 @@ impl QuantizedRow {
         x: &[f32],
         width: usize,
     ) -> &'a [QuantizedRow] {
-        let n = x.len().checked_div(width).unwrap_or(0);
-        if rows.len() < n {
-            rows.resize_with(n, Default::default);
-        }
-        for (q, xr) in rows.iter_mut().zip(x.chunks_exact(width.max(1))) {
-            q.quantize(xr);
-        }
-        &rows[..n]
+        let blocks32 = Inputs {
+            blocks32: true,
+            k: false,
+        };
+        Self::quantize_rows_for(rows, x, width, blocks32)
     }
 
     /// The values the integer kernels see: `out[j] = d[j / 32] * q[j]`.
     pub fn dequantize(&self, out: &mut [f32]) {
         for (j, (o, &q)) in out.iter_mut().zip(&self.q).enumerate() {
             *o = self.d[j / QK] * q as f32;
+        }
+    }
+
+    /// The values the K-quant kernels see (after [`QuantizedRow::quantize_for`] with
+    /// `inputs.k`): `out[j] = d_k[j / 256] * q_k[j]`.
+    pub fn dequantize_k(&self, out: &mut [f32]) {
+        for (j, (o, &q)) in out.iter_mut().zip(&self.k.q).enumerate() {
+            *o = self.k.d[j / super::blocks::QK_K] * q as f32;
         }
     }
 

@@ -132,7 +132,10 @@ impl LlamaConfig {
             rope_theta: f("rope.freq_base").unwrap_or(10_000.0),
             context: u("context_length")?,
             activation: Activation::Silu,
-            rope_interleaved: true,
+            // llama.cpp's converter permutes llama (and mistral) q/k rows for the interleaved
+            // pairing; qwen2 files keep the checkpoint's rows and llama.cpp rotates them in
+            // the half-split (NEOX) pairing.
+            rope_interleaved: arch != "qwen2",
             attention_bias: arch == "qwen2",
         }
         .checked()

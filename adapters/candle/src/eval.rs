@@ -10,6 +10,17 @@ use powerinfer::{
 use crate::error::{check_count, ErrorKind, Result};
 use crate::model::{Attention, Ffn, Llama, Projection};
 
+/// A perplexity and its standard error (llama.cpp's estimate), over `scored` tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Perplexity {
+    /// `exp(mean nll)`.
+    pub ppl: f64,
+    /// `ppl * sqrt(var(nll) / (scored - 1))`.
+    pub err: f64,
+    /// Tokens scored.
+    pub scored: usize,
+}
+
 impl Llama {
     pub(crate) fn hybrids(&mut self) -> Result<Vec<&mut powerinfer::HybridFfn>> {
         self.layers
@@ -333,6 +344,61 @@ impl Llama {
             f(&logits, w)?;
         }
         Ok(())
+    }
+
+    /// Perplexity by llama.cpp's `llama-perplexity` rule, so the two numbers compare: `tokens`
+    /// is the whole text as a sequence starts ([`crate::TextTokenizer::encode_sequence`]); it is
+    /// cut into at most `chunks` windows of `ctx` tokens (the tail that does not fill one is
+    /// dropped), each run from an empty cache with its first token replaced by `bos` when given
+    /// (the tokenizer's `add_bos`), and only the second half of each window is scored: the logits
+    /// at positions `ctx / 2 .. ctx - 1` predict the next token. Per token
+    /// `nll = -(z_t - max z - ln sum exp(z - max z))`, the sum in f64.
+    pub fn perplexity_llama_cpp(
+        &mut self,
+        tokens: &[u32],
+        ctx: usize,
+        chunks: usize,
+        bos: Option<u32>,
+    ) -> Result<Perplexity> {
+        if ctx < 4 || tokens.len() < ctx {
+            return Err(ErrorKind::Prompt {
+                reason: format!(
+                    "need a window of at least 4 tokens and a text of at least one window \
+                     ({} tokens, window {ctx})",
+                    tokens.len()
+                ),
+            }
+            .into());
+        }
+        let n = chunks.min(tokens.len() / ctx);
+        let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
+        let mut window = Vec::with_capacity(ctx);
+        for c in 0..n {
+            window.clear();
+            window.extend_from_slice(&tokens[c * ctx..(c + 1) * ctx]);
+            if let Some(b) = bos {
+                window[0] = b;
+            }
+            self.clear_kv_cache();
+            let logits: Vec<Vec<f32>> = self.forward_all(&window, 0)?.to_vec2()?;
+            for p in ctx / 2..ctx - 1 {
+                let z = &logits[p];
+                let m = z.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+                let s: f64 = z.iter().map(|&v| (v - m).exp() as f64).sum();
+                let nll = -((z[window[p + 1] as usize] - m) as f64 - s.ln());
+                sum += nll;
+                sum2 += nll * nll;
+                count += 1;
+            }
+        }
+        let mean = sum / count as f64;
+        let ppl = mean.exp();
+        let var = (sum2 / count as f64 - mean * mean) / (count as f64 - 1.0).max(1.0);
+        Ok(Perplexity {
+            ppl,
+            err: ppl * var.max(0.0).sqrt(),
+            scored: count,
+        })
     }
 
     /// Perplexity of `tokens` in independent windows of `chunk` tokens (each window predicts its

@@ -74,7 +74,7 @@ impl KernelFfn {
                 *h = self.act.gated(g, u);
             }
         }
-        let hq = QuantizedRow::quantize_rows(&mut s.hq, &s.h, inter);
+        let hq = QuantizedRow::quantize_rows_for(&mut s.hq, &s.h, inter, self.down.inputs());
         self.down.forward_quantized(hq, out, tmp)?;
         Ok(())
     }
@@ -274,7 +274,7 @@ impl Decoder {
             // 2. q, k, v in one product.
             match qkv {
                 Projection::Rows(qkv) => {
-                    let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.h, hidden);
+                    let xq = QuantizedRow::quantize_rows_for(&mut s.xq, &s.h, hidden, qkv.inputs());
                     qkv.forward_quantized(xq, &mut s.qkv, &mut s.tmp)?;
                 }
                 Projection::Columns(qkv) => qkv.forward_f32(&s.h, rows, &mut s.qkv)?,
@@ -325,7 +325,7 @@ impl Decoder {
             }
             match o {
                 Projection::Rows(o) => {
-                    let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.att, qw);
+                    let xq = QuantizedRow::quantize_rows_for(&mut s.xq, &s.att, qw, o.inputs());
                     o.forward_quantized(xq, &mut s.f, &mut s.tmp)?;
                 }
                 Projection::Columns(o) => o.forward_f32(&s.att, rows, &mut s.f)?,
@@ -364,7 +364,8 @@ impl Decoder {
                 Ffn::Hybrid(ffn) => run_hybrid(ffn, &s.h, rows, &mut s.f)?,
                 Ffn::InputSparse(ffn) => ffn.forward_f32(&s.h, rows, &mut s.f)?,
                 Ffn::Kernels(ffn) => {
-                    let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.h, hidden);
+                    let inputs = ffn.gate_up.inputs();
+                    let xq = QuantizedRow::quantize_rows_for(&mut s.xq, &s.h, hidden, inputs);
                     ffn.forward_rows(xq, &mut s.f, &mut s.ffn, &mut s.tmp)?;
                 }
                 Ffn::Dense(_) => return Err(fused_error("a layer's FFN is candle's")),
@@ -385,7 +386,12 @@ impl Decoder {
             self.eps,
             &mut s.h[..out_rows * hidden],
         );
-        let xq = QuantizedRow::quantize_rows(&mut s.xq, &s.h[..out_rows * hidden], hidden);
+        let xq = QuantizedRow::quantize_rows_for(
+            &mut s.xq,
+            &s.h[..out_rows * hidden],
+            hidden,
+            self.lm_head.inputs(),
+        );
         let vocab = self.lm_head.dims().0;
         s.logits.resize(out_rows * vocab, 0.0);
         self.lm_head

@@ -154,21 +154,17 @@ impl GgufFile {
         Ok(q)
     }
 
-    /// A Q4_0 / Q4_1 / Q8_0 matrix packed for powerinfer's kernels straight from the file, 16 rows
-    /// at a time (`None` for other types): a large tensor, such as a tied embedding, is held once,
-    /// not three times as while it goes through a candle `QTensor` and is packed.
+    /// A matrix packed for powerinfer's kernels straight from the file, 16 rows at a time
+    /// (`None` for block types the kernels do not take): a large tensor, such as an embedding or
+    /// the LM head, is held once, not three times as while it goes through a candle `QTensor`
+    /// and is packed.
     pub fn packed(&mut self, name: &str) -> Result<Option<powerinfer::cpu::PackedRows>> {
-        use candle_core::quantized::GgmlDType as T;
-        use powerinfer::cpu::QuantKind;
         use std::io::{Read, Seek, SeekFrom};
         let Some(info) = self.content.tensor_infos.get(name) else {
             return Err(ErrorKind::MissingTensor { name: name.into() }.into());
         };
-        let kind = match info.ggml_dtype {
-            T::Q4_0 => QuantKind::Q4_0,
-            T::Q4_1 => QuantKind::Q4_1,
-            T::Q8_0 => QuantKind::Q8_0,
-            _ => return Ok(None),
+        let Some(kind) = powerinfer::cpu::BlockKind::from_ggml(info.ggml_dtype) else {
+            return Ok(None);
         };
         let (rows, cols) = match info.shape.dims() {
             &[r, c] if r > 0 && c > 0 => (r, c),
@@ -195,11 +191,10 @@ impl GgufFile {
     }
 }
 
-/// Refuses a tensor (whose bytes `data` start at element `first`) holding a NaN or an infinity, which would otherwise turn every output into
-/// NaN: float tensors value by value, Q4_0 / Q4_1 / Q8_0 by their block scales (the quants are
-/// integers, so a block's values are finite exactly when its scales are). Other block types
-/// (the K-quants) are not scanned here; their non-finite weights surface as non-finite logits,
-/// which [`crate::Llama`] also refuses.
+/// Refuses a tensor (whose bytes `data` start at element `first`) holding a NaN or an infinity,
+/// which would otherwise turn every output into NaN: float tensors value by value, block types
+/// by their f16 scales and minimums (the quants are integers, so a block's values are finite
+/// exactly when these are).
 fn check_finite(
     dtype: candle_core::quantized::GgmlDType,
     data: &[u8],
@@ -207,28 +202,27 @@ fn check_finite(
     first: usize,
 ) -> powerinfer::Result<()> {
     use candle_core::quantized::GgmlDType as T;
-    let first_bad = |bytes: usize, stride: usize, finite: &dyn Fn(&[u8]) -> bool| {
-        data.chunks_exact(stride).position(|b| !finite(&b[..bytes]))
-    };
     let half = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).is_finite();
     let (bad, per) = match dtype {
         T::F32 => (
-            first_bad(4, 4, &|b| {
-                f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()
-            }),
+            data.chunks_exact(4)
+                .position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
             1,
         ),
-        T::F16 => (first_bad(2, 2, &half), 1),
+        T::F16 => (data.chunks_exact(2).position(|b| !half(b)), 1),
         T::BF16 => (
-            first_bad(2, 2, &|b| {
-                half::bf16::from_le_bytes([b[0], b[1]]).is_finite()
-            }),
+            data.chunks_exact(2)
+                .position(|b| !half::bf16::from_le_bytes([b[0], b[1]]).is_finite()),
             1,
         ),
-        T::Q4_0 => (first_bad(2, 18, &half), 32),
-        T::Q4_1 => (first_bad(4, 20, &|b| half(b) && half(&b[2..])), 32),
-        T::Q8_0 => (first_bad(2, 34, &half), 32),
-        _ => (None, 1),
+        t => match powerinfer::cpu::BlockKind::from_ggml(t) {
+            Some(k) => (
+                data.chunks_exact(k.block_bytes())
+                    .position(|b| k.half_offsets().iter().any(|&at| !half(&b[at..]))),
+                k.block_elems(),
+            ),
+            None => (None, 1),
+        },
     };
     match bad {
         Some(i) => Err(powerinfer::ErrorKind::NonFinite {

@@ -41,6 +41,7 @@ pub struct ReadmeDoctests;
 pub use analyze::{load_artifact, model_sha256, native_storage, Profile, Sampling};
 pub use config::{activation_from_name, LlamaConfig};
 pub use error::{Error, ErrorKind, Result};
+pub use eval::Perplexity;
 pub use fused::KernelFfn;
 pub use generate::{generate, GenerateOptions, Generation};
 pub use gguf::GgufFile;

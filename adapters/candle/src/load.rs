@@ -145,7 +145,7 @@ fn norm(w: Tensor, eps: f64) -> Result<RmsNorm> {
 
 /// Whether our integer kernels take this GGUF block type.
 fn packable(t: GgmlDType) -> bool {
-    matches!(t, GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q8_0)
+    powerinfer::cpu::BlockKind::from_ggml(t).is_some()
 }
 
 /// The tensors the fused decoder needs as `QLinear`s: the first one whose block type our kernels
@@ -209,7 +209,7 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
                 return Err(powerinfer::Error::config(
                     "fused decoder",
                     format!(
-                        "tensor `{name}` is {t:?}; the fused decoder takes Q4_0, Q4_1 and Q8_0"
+                        "tensor `{name}` is {t:?}; the fused decoder takes Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K"
                     ),
                 )
                 .into());
@@ -335,69 +335,69 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     powerinfer::cpu::release_freed_memory();
     let norm_w = norm(gguf.dequantized("output_norm.weight")?, 0.0)?;
     let tied = !gguf.content.tensor_infos.contains_key("output.weight");
-    // Fused and tied: the LM head's rows are also the embedding, packed straight from the file.
-    if let (Some(t), true) = (fused, tied) {
-        if let Some(w) = gguf.packed("token_embd.weight")? {
-            let head = Arc::new(powerinfer::QLinear::from_packed(w, None, t)?);
-            let (embed, lm_head) = (
-                Embed::Packed(Arc::clone(&head)),
-                Linear::Powerinfer(Arc::clone(&head)),
-            );
-            return finish(cfg, None, layers, norm_w, lm_head, Some((embed, head)));
-        }
+    let head_name = if tied {
+        "token_embd.weight"
+    } else {
+        "output.weight"
+    };
+    // Fused: the LM head on our kernels, packed straight from the file; a tied embedding reads
+    // the LM head's rows (held once).
+    if let Some(t) = fused {
+        let packed = |g: &mut GgufFile, n: &str| -> Result<Option<Arc<powerinfer::QLinear>>> {
+            match g.packed(n)? {
+                Some(w) => Ok(Some(Arc::new(powerinfer::QLinear::from_packed(
+                    w, None, t,
+                )?))),
+                None => Ok(None),
+            }
+        };
+        let head = packed(gguf, head_name)?.ok_or_else(|| {
+            powerinfer::Error::config("fused decoder", format!("`{head_name}` is not packable"))
+        })?;
+        let embed = match tied {
+            true => Embed::Packed(Arc::clone(&head)),
+            false => match packed(gguf, "token_embd.weight")? {
+                Some(e) => Embed::Packed(e),
+                None => Embed::F32(
+                    gguf.dequantized("token_embd.weight")?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?,
+                ),
+            },
+        };
+        let lm_head = Linear::Powerinfer(Arc::clone(&head));
+        return finish(cfg, None, layers, norm_w, lm_head, Some((embed, head)));
     }
     let embed_q = gguf.tensor("token_embd.weight")?;
-    let Some(t) = fused else {
-        let kind = match embed_q.dtype() {
-            GgmlDType::Q4_0 => Some(powerinfer::cpu::QuantKind::Q4_0),
-            GgmlDType::Q4_1 => Some(powerinfer::cpu::QuantKind::Q4_1),
-            GgmlDType::Q8_0 => Some(powerinfer::cpu::QuantKind::Q8_0),
-            _ => None,
-        };
-        // Tied and in blocks we can read: the embedding reads the LM head's rows (held once).
-        let (embed, lm_head) = match (tied, kind) {
-            (true, Some(kind)) => {
-                let w = Arc::new(embed_q);
-                let lm_head = Linear::Candle {
-                    w: QMatMul::from_arc(Arc::clone(&w))?,
-                    b: None,
-                };
-                let hidden = cfg.hidden;
-                (TokenEmbedding::Rows { w, kind, hidden }, lm_head)
-            }
-            _ => {
-                let table =
-                    TokenEmbedding::Table(Embedding::new(embed_q.dequantize(&dev)?, cfg.hidden));
-                let head = if tied {
-                    embed_q
-                } else {
-                    gguf.tensor("output.weight")?
-                };
-                (table, qlinear(head, None)?)
-            }
-        };
-        return finish(cfg, Some(embed), layers, norm_w, lm_head, None);
+    let kind = match embed_q.dtype() {
+        GgmlDType::Q4_0 => Some(powerinfer::cpu::QuantKind::Q4_0),
+        GgmlDType::Q4_1 => Some(powerinfer::cpu::QuantKind::Q4_1),
+        GgmlDType::Q8_0 => Some(powerinfer::cpu::QuantKind::Q8_0),
+        _ => None,
     };
-    // Fused: the LM head on our kernels; a tied embedding is read from its rows (held once).
-    let head = if tied {
-        Arc::new(powerinfer::QLinear::new(&embed_q, None, t)?)
-    } else {
-        Arc::new(powerinfer::QLinear::new(
-            &gguf.tensor("output.weight")?,
-            None,
-            t,
-        )?)
+    // Tied and in blocks we can read: the embedding reads the LM head's rows (held once).
+    let (embed, lm_head) = match (tied, kind) {
+        (true, Some(kind)) => {
+            let w = Arc::new(embed_q);
+            let lm_head = Linear::Candle {
+                w: QMatMul::from_arc(Arc::clone(&w))?,
+                b: None,
+            };
+            let hidden = cfg.hidden;
+            (TokenEmbedding::Rows { w, kind, hidden }, lm_head)
+        }
+        _ => {
+            let table =
+                TokenEmbedding::Table(Embedding::new(embed_q.dequantize(&dev)?, cfg.hidden));
+            let head = if tied {
+                embed_q
+            } else {
+                gguf.tensor("output.weight")?
+            };
+            (table, qlinear(head, None)?)
+        }
     };
-    let embed = if tied {
-        Embed::Packed(Arc::clone(&head))
-    } else if packable(embed_q.dtype()) {
-        Embed::Packed(Arc::new(powerinfer::QLinear::new(&embed_q, None, t)?))
-    } else {
-        Embed::F32(embed_q.dequantize(&dev)?.flatten_all()?.to_vec1::<f32>()?)
-    };
-    drop(embed_q);
-    let lm_head = Linear::Powerinfer(Arc::clone(&head));
-    finish(cfg, None, layers, norm_w, lm_head, Some((embed, head)))
+    finish(cfg, Some(embed), layers, norm_w, lm_head, None)
 }
 
 fn finish(

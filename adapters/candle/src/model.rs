@@ -166,7 +166,7 @@ impl Projection {
     /// Weight bytes (values and scales).
     pub(crate) fn bytes(&self) -> usize {
         match self {
-            Projection::Rows(l) => l.weights().bytes(),
+            Projection::Rows(l) => l.bytes(),
             Projection::Columns(l) => l.weight_bytes(),
         }
     }
@@ -234,7 +234,7 @@ fn linear_bytes(l: &Linear) -> usize {
             };
             w + b.as_ref().map_or(0, |b| b.elem_count() * 4)
         }
-        Linear::Powerinfer(l) => l.weights().bytes(),
+        Linear::Powerinfer(l) => l.bytes(),
     }
 }
 
@@ -362,7 +362,7 @@ impl Llama {
                     linear_bytes(&f.gate) + linear_bytes(&f.up),
                     linear_bytes(&f.down),
                 ),
-                Ffn::Kernels(f) => (f.gate_up.weights().bytes(), f.down.weights().bytes()),
+                Ffn::Kernels(f) => (f.gate_up.bytes(), f.down.bytes()),
                 Ffn::InputSparse(f) => {
                     let (g, u, d) = f.matrix_bytes();
                     (g + u, d)

