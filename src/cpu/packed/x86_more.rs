@@ -12,12 +12,10 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::x86::prefetch_record;
 use super::{record_bytes, PackedRows, PACK};
 use crate::cpu::blocks::{BlockKind, QK_K};
 use crate::cpu::quant::QuantizedRow;
-
-/// How far ahead of the record being read the kernels prefetch (a hint: it never faults).
-const PREFETCH_BYTES: usize = 4096;
 
 /// # Safety
 /// The CPU must have AVX-512F, AVX-512BW, AVX-512VL and AVX-512 VNNI; the arguments must satisfy
@@ -61,18 +59,6 @@ pub(crate) unsafe fn gemm_vnni(
             }
             r0 += t;
         }
-    }
-}
-
-/// Prefetches the record `PREFETCH_BYTES` ahead of `base`, one hint per line.
-#[inline(always)]
-unsafe fn prefetch_record(base: *const u8, rec: usize) {
-    let ahead = base.wrapping_add(PREFETCH_BYTES);
-    let mut off = 0;
-    while off < rec {
-        // SAFETY: a prefetch is a hint and never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off).cast()) };
-        off += 64;
     }
 }
 
