@@ -1,9 +1,12 @@
-//! What loading SmolLM2 costs in memory, against what it must hold: the resident and peak
-//! memory the load adds (`/proc/self/status`: `VmRSS`, `VmHWM`), next to the bytes of the
-//! weights as the model holds them and of its KV cache, dense and with the sparse FFN. A
-//! second copy of any weight would show as resident memory well above that sum.
+//! What loading a real model costs in memory, against what it must hold: the resident and peak
+//! memory the load and a few decode steps add (`/proc/self/status`: `VmRSS`, `VmHWM`), next to
+//! the bytes of the file, of the weights as the model holds them and of its KV cache: with the
+//! sparse FFN, candle's dense model, or the fused dense decoder. A second copy of any weight
+//! would show as resident memory well above that sum.
 //!
-//!     cargo run --release -p powerinfer-candle --example memory [sparse|dense] [POSITIONS]
+//!     cargo run --release -p powerinfer-candle --example memory [sparse|dense|fused] [POSITIONS] [MODEL]
+//!
+//! `MODEL` is one of `powerinfer_data::Model`'s names (default `smollm2`), fetched on first use.
 //!
 //! A counting allocator also reports the live heap bytes after the load and at its peak.
 //!
@@ -55,18 +58,19 @@ fn memory() -> (u64, u64) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let sparse = args.next().as_deref() != Some("dense");
+    let kind = args.next().unwrap_or_else(|| "sparse".into());
     let positions: usize = args.next().map_or(Ok(2048), |p| p.parse())?;
-    let path = powerinfer_data::smollm2(&mut |m| eprintln!("{m}"))?;
-    let mode = if sparse {
-        FfnMode::Hybrid {
+    let which: powerinfer_data::Model = args.next().as_deref().unwrap_or("smollm2").parse()?;
+    let path = powerinfer_data::model(which, &mut |m| eprintln!("{m}"))?;
+    let mode = match kind.as_str() {
+        "dense" => FfnMode::Dense,
+        "fused" => FfnMode::Fused { threads: 1 },
+        _ => FfnMode::Hybrid {
             storage: None,
             predictor: Neurons::GateFirst(0.02),
             options: HybridOptions::default(),
             powerinfer_linears: true,
-        }
-    } else {
-        FfnMode::Dense
+        },
     };
     let file = std::fs::metadata(&path)?.len();
     let (before, _) = memory();
@@ -77,7 +81,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut model = load_gguf(&mut g, &mode)?;
     drop(g);
     model.reserve_kv_cache(positions);
-    let logits = model.forward_logits(&[1, 504, 3458, 282], 0)?.len();
+    // A prompt and a few decode steps: what generating adds on top of the load.
+    let mut logits = model.forward_logits(&[1, 504, 3458, 282], 0)?.len();
+    for pos in 4..12 {
+        logits = model.forward_logits(&[504], pos)?.len();
+    }
     let (after, peak) = memory();
     let (heap, heap_peak) = (
         LIVE.load(Ordering::Relaxed) - heap_before,
@@ -88,8 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kv = (b.kv_per_position * positions) as u64;
     let mb = |v: u64| v as f64 / 1e6;
     println!(
-        "{} FFN, {} (fused decoder: {}), {positions} positions, {logits} logits",
-        if sparse { "sparse" } else { "dense" },
+        "{kind} model, {} (fused decoder: {}), {positions} positions, {logits} logits",
         path.display(),
         model.is_fused()
     );
@@ -109,6 +116,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "peak during the load     {:8.1} MB ({:.2}x)",
         mb(peak - before),
         (peak - before) as f64 / (weights + kv) as f64
+    );
+    println!(
+        "peak against the file    {:.2}x (file + KV cache: {:.1} MB)",
+        (peak - before) as f64 / (file + kv) as f64,
+        mb(file + kv)
     );
     println!(
         "heap: {:.1} MB held after, {:.1} MB at the peak, {:.1} MB for the file's header",

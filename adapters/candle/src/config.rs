@@ -8,7 +8,21 @@ use powerinfer::Activation;
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// Hyper-parameters of a llama-family decoder (Llama, Mistral, Qwen2, SmolLM).
+/// What a Gemma 3 decoder adds to the llama layout: norms of q and k per head, norms of the
+/// attention and FFN outputs before their residual adds, the embedding scaled by
+/// `sqrt(hidden)`, and local layers that attend to a sliding window with their own RoPE base.
+/// (The GGUF file's norm weights already hold Gemma's `1 + w`.)
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma3 {
+    /// Positions a local layer attends to (itself included).
+    pub window: usize,
+    /// Per layer: local (sliding window, `rope_theta_local`) or global.
+    pub local: Vec<bool>,
+    /// RoPE base of the local layers.
+    pub rope_theta_local: f32,
+}
+
+/// Hyper-parameters of a llama-family decoder (Llama, Mistral, Qwen2, SmolLM, Gemma 3).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
     /// Model size.
@@ -35,12 +49,23 @@ pub struct LlamaConfig {
     pub rope_interleaved: bool,
     /// Whether q/k/v projections carry biases (Qwen2).
     pub attention_bias: bool,
+    /// Dimension of one attention head (`hidden / heads` unless the file says otherwise).
+    pub head_dim: usize,
+    /// Scale of the attention scores (`1 / sqrt(head_dim)` unless the model says otherwise).
+    pub attention_scale: f32,
+    /// Factor applied to the token embeddings (1, Gemma: `sqrt(hidden)`).
+    pub embedding_scale: f32,
+    /// Gemma 3's additions, for a `gemma3` file.
+    pub gemma3: Option<Gemma3>,
+    /// Per pair of head dimensions, the factor dividing RoPE's frequency (a llama 3.x GGUF
+    /// file's `rope_freqs.weight`: its long-context scaling).
+    pub rope_factors: Option<Vec<f32>>,
 }
 
 impl LlamaConfig {
     /// Dimension of one attention head.
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads.max(1)
+        self.head_dim
     }
 
     /// Refuses head counts the model cannot run: no heads, a hidden size the heads do not divide
@@ -77,11 +102,28 @@ impl LlamaConfig {
                 self.heads, self.kv_heads
             ));
         }
-        if !self.hidden.is_multiple_of(self.heads) || !self.head_dim().is_multiple_of(2) {
+        // Only Gemma's attention is wider or narrower than the model.
+        let width_ok = self.gemma3.is_some() || self.head_dim * self.heads == self.hidden;
+        if !width_ok
+            || self.head_dim == 0
+            || !self.head_dim.is_multiple_of(2)
+            || self.head_dim > 1 << 12
+        {
             return bad(format!(
-                "hidden size {} is not {} heads of an even size",
-                self.hidden, self.heads
+                "head dimension {} (hidden size {}, {} heads) is not a positive even size that \
+                 the heads fill the hidden size with",
+                self.head_dim, self.hidden, self.heads
             ));
+        }
+        if let Some(g) = &self.gemma3 {
+            if g.local.len() != self.layers || g.window == 0 {
+                return bad(format!(
+                    "sliding window {} over {} of {} layers",
+                    g.window,
+                    g.local.len(),
+                    self.layers
+                ));
+            }
         }
         Ok(self)
     }
@@ -94,7 +136,7 @@ impl LlamaConfig {
             .and_then(|v| v.to_string().ok())
             .ok_or_else(|| Error::missing_key("general.architecture"))?
             .clone();
-        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
+        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "gemma3") {
             return Err(ErrorKind::UnsupportedArchitecture { arch }.into());
         }
         let get = |k: &str| -> Result<&gguf_file::Value> {
@@ -112,6 +154,22 @@ impl LlamaConfig {
                 .to_f32()
                 .map_err(|_| Error::missing_key(format!("{arch}.{k}")))
         };
+        // What would change the model's arithmetic and is not implemented: refused by name.
+        for k in [
+            "rope.scaling.type",
+            "final_logit_softcapping",
+            "attn_logit_softcapping",
+        ] {
+            if let Ok(v) = get(k) {
+                let value = format!("{v:?}");
+                let harmless = k == "rope.scaling.type"
+                    && matches!(v.to_string().map(|s| s.as_str()), Ok("none"));
+                if !harmless {
+                    let key = format!("{arch}.{k}");
+                    return Err(ErrorKind::UnsupportedKey { key, value }.into());
+                }
+            }
+        }
         let vocab = match ct.metadata.get("tokenizer.ggml.tokens") {
             Some(gguf_file::Value::Array(a)) => a.len(),
             _ => ct
@@ -120,23 +178,62 @@ impl LlamaConfig {
                 .map(|t| t.shape.dims()[0])
                 .ok_or_else(|| Error::missing_key("tokenizer.ggml.tokens"))?,
         };
-        let heads = u("attention.head_count")?;
+        let (hidden, heads) = (u("embedding_length")?, u("attention.head_count")?);
+        let head_dim = u("attention.key_length").unwrap_or(hidden / heads.max(1));
+        if u("attention.value_length").is_ok_and(|v| v != head_dim) {
+            return Err(ErrorKind::UnsupportedKey {
+                key: format!("{arch}.attention.value_length"),
+                value: format!("{} (keys: {head_dim})", u("attention.value_length")?),
+            }
+            .into());
+        }
+        let layers = u("block_count")?;
+        let gemma3 = match arch.as_str() {
+            // llama.cpp's rule: every sixth layer global (or the file's pattern), the others
+            // local with base 10000 unless the file says otherwise.
+            "gemma3" => {
+                let window = u("attention.sliding_window")?;
+                let period = u("attention.sliding_window_pattern").unwrap_or(6).max(1);
+                Some(Gemma3 {
+                    window,
+                    local: (0..layers.min(1 << 12))
+                        .map(|l| l % period < period - 1)
+                        .collect(),
+                    rope_theta_local: f("rope.freq_base_swa").unwrap_or(10_000.0),
+                })
+            }
+            _ => None,
+        };
+        let gemma = gemma3.is_some();
         LlamaConfig {
-            hidden: u("embedding_length")?,
+            hidden,
             intermediate: u("feed_forward_length")?,
-            layers: u("block_count")?,
+            layers,
             heads,
             kv_heads: u("attention.head_count_kv").unwrap_or(heads),
             vocab,
             rms_eps: f("attention.layer_norm_rms_epsilon")? as f64,
             rope_theta: f("rope.freq_base").unwrap_or(10_000.0),
             context: u("context_length")?,
-            activation: Activation::Silu,
+            activation: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
             // llama.cpp's converter permutes llama (and mistral) q/k rows for the interleaved
-            // pairing; qwen2 files keep the checkpoint's rows and llama.cpp rotates them in
-            // the half-split (NEOX) pairing.
-            rope_interleaved: arch != "qwen2",
+            // pairing; qwen2 and gemma3 files keep the checkpoint's rows and llama.cpp rotates
+            // them in the half-split (NEOX) pairing.
+            rope_interleaved: !matches!(arch.as_str(), "qwen2" | "gemma3"),
             attention_bias: arch == "qwen2",
+            head_dim,
+            // llama.cpp (after gemma_pytorch): Gemma 3 27B scales by its hidden size per head.
+            attention_scale: match (gemma, layers) {
+                (true, 62) => 1.0 / ((hidden / heads.max(1)).max(1) as f32).sqrt(),
+                _ => 1.0 / (head_dim as f32).sqrt(),
+            },
+            embedding_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
+            gemma3,
+            rope_factors: None,
         }
         .checked()
     }
@@ -168,14 +265,14 @@ impl LlamaConfig {
                 .map(|x| x as usize)
                 .ok_or_else(|| Error::missing_key(k))
         };
-        let heads = u("num_attention_heads")?;
+        let (hidden, heads) = (u("hidden_size")?, u("num_attention_heads")?);
         let act = v
             .get("hidden_act")
             .and_then(|a| a.as_str())
             .unwrap_or("silu");
         let qwen = v.get("model_type").and_then(|m| m.as_str()) == Some("qwen2");
         LlamaConfig {
-            hidden: u("hidden_size")?,
+            hidden,
             intermediate: u("intermediate_size")?,
             layers: u("num_hidden_layers")?,
             heads,
@@ -193,6 +290,11 @@ impl LlamaConfig {
             activation: activation_from_name(act)?,
             rope_interleaved: false,
             attention_bias: qwen || v.get("attention_bias").and_then(|b| b.as_bool()) == Some(true),
+            head_dim: hidden / heads.max(1),
+            attention_scale: 1.0 / ((hidden / heads.max(1)).max(1) as f32).sqrt(),
+            embedding_scale: 1.0,
+            gemma3: None,
+            rope_factors: None,
         }
         .checked()
     }

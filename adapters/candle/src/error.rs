@@ -35,6 +35,14 @@ pub enum ErrorKind {
         /// The architecture named by the file.
         arch: String,
     },
+    /// The file asks for something this crate does not run (a RoPE scaling type, logit
+    /// soft-capping, ...): refused rather than run wrong.
+    UnsupportedKey {
+        /// The metadata key.
+        key: String,
+        /// Its value, as the file gives it.
+        value: String,
+    },
     /// A tensor the model needs is not in the file.
     MissingTensor {
         /// Its name.
@@ -117,8 +125,11 @@ impl fmt::Display for Error {
             }
             ErrorKind::UnsupportedArchitecture { arch } => write!(
                 f,
-                "unsupported architecture `{arch}` (supported: llama-family: llama, mistral, qwen2, smollm)"
+                "unsupported architecture `{arch}` (supported: llama, mistral, qwen2 and gemma3 GGUF files; llama, mistral and qwen2 checkpoints)"
             ),
+            ErrorKind::UnsupportedKey { key, value } => {
+                write!(f, "unsupported `{key}` = {value}: not run by this crate")
+            }
             ErrorKind::MissingTensor { name } => write!(f, "missing tensor `{name}`"),
             ErrorKind::MissingKey { key } => write!(f, "missing or invalid key `{key}`"),
             ErrorKind::UnknownActivation { name } => write!(

@@ -31,7 +31,9 @@ use powerinfer::{HybridFfn, QLinear, RowRms};
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
-use crate::model::{prefetch_target, Attention, Clock, Ffn, Lap, Layer, Projection};
+use crate::model::{
+    prefetch_target, rope_freqs, Attention, Clock, Ffn, Lap, Layer, Projection, MAX_POSITIONS,
+};
 
 /// A dense FFN on the file's blocks through our kernels: gate and up stacked in one `QLinear`,
 /// `act(gate) * up` in f32, the activations quantized once, and the down `QLinear`. With Q4_1
@@ -126,9 +128,11 @@ pub(crate) struct Decoder {
     lm_head: Arc<QLinear>,
     norm: Vec<f32>,
     eps: f32,
-    /// `[position][head_dim / 2]`, the values candle's tables hold.
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    /// RoPE for the (global) layers, and for Gemma 3's local layers (empty otherwise).
+    rope: RopeTable,
+    rope_local: RopeTable,
+    /// Positions the tables may grow to (the context, at most 32768).
+    max_positions: usize,
     pool: Arc<Pool>,
     kv: Vec<KvCache>,
     /// Positions the cache holds.
@@ -139,23 +143,57 @@ pub(crate) struct Decoder {
 /// Smallest KV capacity allocated, in positions.
 const MIN_KV: usize = 256;
 
+/// RoPE's `cos` and `sin` per position and pair of head dimensions (`[position][head_dim /
+/// 2]`, the values candle's tables hold: `cos(p * f_i)` in f32), grown with the KV cache rather
+/// than held for the whole context (Gemma 3's two tables of 32768 positions would be 67 MB).
+#[derive(Debug, Default)]
+struct RopeTable {
+    freqs: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    fn new(freqs: Vec<f32>) -> Self {
+        RopeTable {
+            freqs,
+            ..Default::default()
+        }
+    }
+
+    /// Positions the table holds.
+    fn positions(&self) -> usize {
+        self.cos.len() / self.freqs.len().max(1)
+    }
+
+    fn grow(&mut self, positions: usize) {
+        for p in self.positions()..positions {
+            for &f in &self.freqs {
+                let a = p as f32 * f;
+                self.cos.push(a.cos());
+                self.sin.push(a.sin());
+            }
+        }
+    }
+}
+
 impl Decoder {
     pub(crate) fn new(
         cfg: &LlamaConfig,
         embed: Embed,
         lm_head: Arc<QLinear>,
         norm: Vec<f32>,
-        cos: Vec<f32>,
-        sin: Vec<f32>,
     ) -> Result<Self> {
         let pool = Arc::clone(lm_head.pool());
+        let local = cfg.gemma3.as_ref().map(|g| g.rope_theta_local);
         Ok(Decoder {
             embed,
             lm_head,
             norm,
             eps: cfg.rms_eps as f32,
-            cos,
-            sin,
+            rope: RopeTable::new(rope_freqs(cfg, cfg.rope_theta)),
+            rope_local: RopeTable::new(local.map_or_else(Vec::new, |b| rope_freqs(cfg, b))),
+            max_positions: cfg.context.min(MAX_POSITIONS),
             pool,
             kv: (0..cfg.layers).map(|_| KvCache::default()).collect(),
             len: 0,
@@ -172,7 +210,11 @@ impl Decoder {
     /// until a sequence grows past it).
     pub(crate) fn reserve(&mut self, cfg: &LlamaConfig, positions: usize) {
         let kvw = cfg.kv_heads * cfg.head_dim();
-        let need = positions.min(self.cos.len() / (cfg.head_dim() / 2).max(1));
+        let need = positions.min(self.max_positions);
+        self.rope.grow(need);
+        if !self.rope_local.freqs.is_empty() {
+            self.rope_local.grow(need);
+        }
         for c in &mut self.kv {
             if c.k.len() < need * kvw {
                 c.k.resize(need * kvw, 0.0);
@@ -219,7 +261,7 @@ impl Decoder {
         let cap = capacity(&self.kv);
         if end > cap {
             return Err(ErrorKind::Prompt {
-                reason: format!("{end} positions exceed the {cap} the RoPE tables cover"),
+                reason: format!("{end} positions exceed the {cap} the model supports"),
             }
             .into());
         }
@@ -250,9 +292,12 @@ impl Decoder {
                     row.copy_from_slice(src);
                 }
             }
+            if cfg.embedding_scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= cfg.embedding_scale);
+            }
         }
         clock.lap(Lap::Other);
-        let scale = (1.0 / (hd as f64).sqrt()) as f32;
+        let scale = cfg.attention_scale;
         let half = hd / 2;
         for (l, layer) in layers.iter().enumerate() {
             let Attention::Fused { qkv, o } = &layer.attn else {
@@ -279,12 +324,26 @@ impl Decoder {
                 }
                 Projection::Columns(qkv) => qkv.forward_f32(&s.h, rows, &mut s.qkv)?,
             }
-            // 3. RoPE in place, keys and values into the cache.
+            // 3. (Gemma 3: each q and k head normed), RoPE in place, keys and values into the
+            // cache.
+            let local = cfg.gemma3.as_ref().filter(|g| g.local[l]);
+            let RopeTable {
+                cos: cos_t,
+                sin: sin_t,
+                ..
+            } = match local {
+                Some(_) => &self.rope_local,
+                None => &self.rope,
+            };
             let cache = &mut self.kv[l];
             for r in 0..rows {
                 let p = pos + r;
-                let (cos, sin) = (&self.cos[p * half..][..half], &self.sin[p * half..][..half]);
+                let (cos, sin) = (&cos_t[p * half..][..half], &sin_t[p * half..][..half]);
                 let row = &mut s.qkv[r * qkvw..(r + 1) * qkvw];
+                if let Some(g) = &layer.gemma {
+                    rms_norm_in_place(&mut row[..qw], &g.q.wv, g.q.eps);
+                    rms_norm_in_place(&mut row[qw..qw + kvw], &g.k.wv, g.k.eps);
+                }
                 for head in row[..qw + kvw].chunks_exact_mut(hd) {
                     rope(head, cos, sin, cfg.rope_interleaved);
                 }
@@ -303,15 +362,17 @@ impl Decoder {
                 &|items, part, st| {
                     for (i, out) in items.zip(part.chunks_exact_mut(rep * hd)) {
                         let (r, g) = (i / kvh, i % kvh);
+                        // Positions `first..=pos + r`: all of them, or a local layer's window.
                         let n = pos + r + 1;
-                        st.scores.resize(rep * n, 0.0);
+                        let first = local.map_or(0, |w| n.saturating_sub(w.window));
+                        st.scores.resize(rep * (n - first), 0.0);
                         let q = &qkv_rows[r * qkvw + g * rep * hd..][..rep * hd];
                         let kv = KvRows {
-                            keys: &kc[g * hd..],
-                            values: &vc[g * hd..],
+                            keys: &kc[first * kvw + g * hd..],
+                            values: &vc[first * kvw + g * hd..],
                             head_dim: hd,
                             stride: kvw,
-                            positions: n,
+                            positions: n - first,
                         };
                         let res = attend(q, &kv, scale, &mut st.scores, out);
                         if res.is_err() {
@@ -329,6 +390,9 @@ impl Decoder {
                     o.forward_quantized(xq, &mut s.f, &mut s.tmp)?;
                 }
                 Projection::Columns(o) => o.forward_f32(&s.att, rows, &mut s.f)?,
+            }
+            if let Some(g) = &layer.gemma {
+                rms_norm_in_place(&mut s.f, &g.post_attn.wv, g.post_attn.eps);
             }
             clock.lap(Lap::Attention);
             // 5. Residual, FFN norm, FFN.
@@ -369,6 +433,9 @@ impl Decoder {
                     ffn.forward_rows(xq, &mut s.f, &mut s.ffn, &mut s.tmp)?;
                 }
                 Ffn::Dense(_) => return Err(fused_error("a layer's FFN is candle's")),
+            }
+            if let Some(g) = &layer.gemma {
+                rms_norm_in_place(&mut s.f, &g.post_ffn.wv, g.post_ffn.eps);
             }
             clock.lap(Lap::Ffn);
         }
@@ -416,6 +483,18 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         let m = (sum2 / n as f32 + eps).sqrt();
         for ((o, &v), &a) in or.iter_mut().zip(xr).zip(w) {
             *o = v / m * a;
+        }
+    }
+}
+
+/// [`rms_norm_rows`] in place, per row of `w.len()` values (Gemma 3's q/k heads and its
+/// attention and FFN outputs).
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    for xr in x.chunks_exact_mut(n) {
+        let m = (xr.iter().map(|v| v * v).sum::<f32>() / n as f32 + eps).sqrt();
+        for (v, &a) in xr.iter_mut().zip(w) {
+            *v = *v / m * a;
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::fused::{Decoder, Embed, KernelFfn};
 use crate::gguf::{qlinear, GgufFile};
 use crate::model::{
-    Attention, DenseFfn, Ffn, Layer, Linear, Llama, Projection, RmsNorm, TokenEmbedding,
+    Attention, DenseFfn, Ffn, GemmaNorms, Layer, Linear, Llama, Projection, RmsNorm, TokenEmbedding,
 };
 
 /// How each layer's FFN is built.
@@ -198,6 +198,21 @@ fn install_artifact(mut model: Llama, mode: &FfnMode, model_path: &Path) -> Resu
 fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     let mut cfg = LlamaConfig::from_gguf(&gguf.content)?;
     crate::pwri::adjust_config(gguf, &mut cfg);
+    if gguf.content.tensor_infos.contains_key("rope_freqs.weight") {
+        let f = gguf.dequantized("rope_freqs.weight")?.flatten_all()?;
+        let f = f.to_vec1::<f32>()?;
+        if f.len() != cfg.head_dim() / 2 || f.iter().any(|v| !v.is_finite() || *v <= 0.0) {
+            return Err(Error::format(
+                &gguf.path,
+                format!(
+                    "`rope_freqs.weight` holds {} factors, expected {} positive ones",
+                    f.len(),
+                    cfg.head_dim() / 2
+                ),
+            ));
+        }
+        cfg.rope_factors = Some(f);
+    }
     let dev = Device::Cpu;
     // The fused decoder when every projection (and for `Fused` the FFN) is on our kernels.
     let fused = match mode {
@@ -231,6 +246,14 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
         } => Some(options.threads),
         _ => None,
     };
+    if cfg.gemma3.is_some() && fused.is_none() {
+        return Err(powerinfer::Error::config(
+            "gemma3",
+            "Gemma 3 runs on the fused decoder only: FfnMode::Fused, or FfnMode::Hybrid with \
+             powerinfer_linears (and a storage its FFN blocks allow, e.g. f16)",
+        )
+        .into());
+    }
     // Grown as layers load: `cfg.layers` comes from the file and is not trusted for a capacity.
     let mut layers = Vec::new();
     for l in 0..cfg.layers {
@@ -323,11 +346,21 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
                 }
             })?,
         };
+        let gemma = match cfg.gemma3 {
+            Some(_) => Some(GemmaNorms {
+                q: norm(deq(gguf, "attn_q_norm")?, cfg.rms_eps)?,
+                k: norm(deq(gguf, "attn_k_norm")?, cfg.rms_eps)?,
+                post_attn: norm(deq(gguf, "post_attention_norm")?, cfg.rms_eps)?,
+                post_ffn: norm(deq(gguf, "post_ffw_norm")?, cfg.rms_eps)?,
+            }),
+            None => None,
+        };
         layers.push(Layer {
             attn_norm: norm(deq(gguf, "attn_norm")?, cfg.rms_eps)?,
             attn,
             ffn_norm: norm(deq(gguf, "ffn_norm")?, cfg.rms_eps)?,
             ffn,
+            gemma,
             kv: None,
         });
     }
@@ -368,34 +401,23 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
         let lm_head = Linear::Powerinfer(Arc::clone(&head));
         return finish(cfg, None, layers, norm_w, lm_head, Some((embed, head)));
     }
-    let embed_q = gguf.tensor("token_embd.weight")?;
-    let kind = match embed_q.dtype() {
-        GgmlDType::Q4_0 => Some(powerinfer::cpu::QuantKind::Q4_0),
-        GgmlDType::Q4_1 => Some(powerinfer::cpu::QuantKind::Q4_1),
-        GgmlDType::Q8_0 => Some(powerinfer::cpu::QuantKind::Q8_0),
-        _ => None,
+    let embed_q = Arc::new(gguf.tensor("token_embd.weight")?);
+    // In blocks we can read: the embedding dequantizes its rows per token (a tied one reads the
+    // LM head's blocks, held once).
+    let embed = match powerinfer::cpu::BlockKind::from_ggml(embed_q.dtype()) {
+        Some(kind) => TokenEmbedding::Rows {
+            w: Arc::clone(&embed_q),
+            kind,
+            hidden: cfg.hidden,
+        },
+        None => TokenEmbedding::Table(Embedding::new(embed_q.dequantize(&dev)?, cfg.hidden)),
     };
-    // Tied and in blocks we can read: the embedding reads the LM head's rows (held once).
-    let (embed, lm_head) = match (tied, kind) {
-        (true, Some(kind)) => {
-            let w = Arc::new(embed_q);
-            let lm_head = Linear::Candle {
-                w: QMatMul::from_arc(Arc::clone(&w))?,
-                b: None,
-            };
-            let hidden = cfg.hidden;
-            (TokenEmbedding::Rows { w, kind, hidden }, lm_head)
-        }
-        _ => {
-            let table =
-                TokenEmbedding::Table(Embedding::new(embed_q.dequantize(&dev)?, cfg.hidden));
-            let head = if tied {
-                embed_q
-            } else {
-                gguf.tensor("output.weight")?
-            };
-            (table, qlinear(head, None)?)
-        }
+    let lm_head = match tied {
+        true => Linear::Candle {
+            w: QMatMul::from_arc(embed_q)?,
+            b: None,
+        },
+        false => qlinear(gguf.tensor("output.weight")?, None)?,
     };
     finish(cfg, Some(embed), layers, norm_w, lm_head, None)
 }
@@ -412,24 +434,20 @@ fn finish(
         eps: cfg.rms_eps as f32,
         ..norm_
     };
-    let positions = cfg.context.min(32_768);
-    let (cos, sin) = crate::model::rope_tables(&cfg, positions, &Device::Cpu)?;
+    let positions = cfg.context.min(crate::model::MAX_POSITIONS);
     let (decoder, cos, sin) = match fused {
         Some((embed, head)) => {
-            let d = Decoder::new(
-                &cfg,
-                embed,
-                head,
-                norm_.wv.clone(),
-                cos.flatten_all()?.to_vec1::<f32>()?,
-                sin.flatten_all()?.to_vec1::<f32>()?,
-            )?;
-            // The decoder holds the tables; the candle path's stay as empty `[positions, 0]`
-            // tensors, which still say how many positions there are.
+            // The decoder grows its own tables with its KV cache; the candle path's stay as
+            // empty `[positions, 0]` tensors, which still say how many positions there are.
+            let d = Decoder::new(&cfg, embed, head, norm_.wv.clone())?;
             let empty = Tensor::zeros((positions, 0), DType::F32, &Device::Cpu)?;
             (Some(d), empty.clone(), empty)
         }
-        None => (None, cos, sin),
+        None => {
+            let (cos, sin) =
+                crate::model::rope_tables(&cfg, cfg.rope_theta, positions, &Device::Cpu)?;
+            (None, cos, sin)
+        }
     };
     Ok(Llama {
         embed,
@@ -553,6 +571,7 @@ fn build_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
                 cfg.rms_eps,
             )?,
             ffn,
+            gemma: None,
             kv: None,
         });
     }

@@ -139,6 +139,16 @@ impl Module for RmsNorm {
     }
 }
 
+/// Gemma 3's norms: of each query and key head (over the head dimension, before RoPE), and of
+/// the attention and FFN outputs before their residual adds.
+#[derive(Debug)]
+pub(crate) struct GemmaNorms {
+    pub(crate) q: RmsNorm,
+    pub(crate) k: RmsNorm,
+    pub(crate) post_attn: RmsNorm,
+    pub(crate) post_ffn: RmsNorm,
+}
+
 /// A layer's attention projections.
 #[derive(Debug)]
 pub(crate) enum Attention {
@@ -178,6 +188,8 @@ pub(crate) struct Layer {
     pub(crate) attn: Attention,
     pub(crate) ffn_norm: RmsNorm,
     pub(crate) ffn: Ffn,
+    /// Gemma 3's norms (fused decoder only).
+    pub(crate) gemma: Option<GemmaNorms>,
     /// The candle path's KV cache.
     pub(crate) kv: Option<(Tensor, Tensor)>,
 }
@@ -267,11 +279,11 @@ pub struct Llama {
 pub(crate) enum TokenEmbedding {
     /// A float table.
     Table(Embedding),
-    /// The rows of a Q4_0 / Q4_1 / Q8_0 matrix, dequantized per token: a tied embedding shares
-    /// the LM head's blocks instead of holding a float copy four to seven times their size.
+    /// The rows of a quantized matrix, dequantized per token: the file's blocks instead of a
+    /// float copy four to eight times their size (a tied embedding shares the LM head's).
     Rows {
         w: Arc<candle_core::quantized::QTensor>,
-        kind: powerinfer::cpu::QuantKind,
+        kind: powerinfer::cpu::BlockKind,
         hidden: usize,
     },
 }
@@ -291,7 +303,7 @@ impl TokenEmbedding {
                         .ok_or_else(|| {
                             powerinfer::Error::config("embedding", format!("token {t} has no row"))
                         })?;
-                    powerinfer::cpu::dequantize_row(*kind, src, o);
+                    powerinfer::cpu::dequantize_blocks(*kind, src, o);
                 }
                 Ok(Tensor::from_vec(
                     out,
@@ -303,17 +315,33 @@ impl TokenEmbedding {
     }
 }
 
-/// RoPE tables for `positions` positions.
+/// Positions the RoPE tables cover at most (the context, capped).
+pub(crate) const MAX_POSITIONS: usize = 32_768;
+
+/// RoPE's frequency per pair of head dimensions with base `base`: `f_i = base^(-2i /
+/// head_dim) / factor_i` (the factors of a llama 3.x file's `rope_freqs`, else 1).
+pub(crate) fn rope_freqs(cfg: &LlamaConfig, base: f32) -> Vec<f32> {
+    let hd = cfg.head_dim();
+    let factor = |i: usize| {
+        cfg.rope_factors
+            .as_ref()
+            .and_then(|f| f.get(i / 2))
+            .copied()
+    };
+    (0..hd)
+        .step_by(2)
+        .map(|i| 1f32 / base.powf(i as f32 / hd as f32) / factor(i).unwrap_or(1.0))
+        .collect()
+}
+
+/// RoPE tables (`cos`, `sin` of `p * f_i`, [`rope_freqs`]) for `positions` positions.
 pub(crate) fn rope_tables(
     cfg: &LlamaConfig,
+    base: f32,
     positions: usize,
     dev: &Device,
 ) -> Result<(Tensor, Tensor)> {
-    let hd = cfg.head_dim();
-    let theta: Vec<f32> = (0..hd)
-        .step_by(2)
-        .map(|i| 1f32 / cfg.rope_theta.powf(i as f32 / hd as f32))
-        .collect();
+    let theta = rope_freqs(cfg, base);
     let n = theta.len();
     let theta = Tensor::new(theta.as_slice(), dev)?;
     let idx = Tensor::arange(0, positions as u32, dev)?
@@ -782,5 +810,50 @@ impl Clock {
         t.ffn += self.t.ffn;
         t.lm_head += self.t.lm_head;
         t.calls += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A llama 3.x file's `rope_freqs` factors divide each pair's frequency.
+    #[test]
+    fn rope_factors_divide_the_frequencies() {
+        let mut cfg = crate::LlamaConfig {
+            hidden: 16,
+            intermediate: 32,
+            layers: 1,
+            heads: 2,
+            kv_heads: 1,
+            vocab: 8,
+            rms_eps: 1e-6,
+            rope_theta: 10_000.0,
+            context: 64,
+            activation: powerinfer::Activation::Silu,
+            rope_interleaved: true,
+            attention_bias: false,
+            head_dim: 8,
+            attention_scale: 1.0 / 8f32.sqrt(),
+            embedding_scale: 1.0,
+            gemma3: None,
+            rope_factors: None,
+        };
+        let (c0, _) = rope_tables(&cfg, 10_000.0, 8, &Device::Cpu).unwrap();
+        cfg.rope_factors = Some(vec![1.0, 2.0, 4.0, 8.0]);
+        let (c1, s1) = rope_tables(&cfg, 500_000.0, 8, &Device::Cpu).unwrap();
+        let (c0, c1, s1): (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<f32>>) = (
+            c0.to_vec2().unwrap(),
+            c1.to_vec2().unwrap(),
+            s1.to_vec2().unwrap(),
+        );
+        for p in 0..8 {
+            for i in 0..4 {
+                let f = 1.0 / 500_000f32.powf(2.0 * i as f32 / 8.0) / [1.0, 2.0, 4.0, 8.0][i];
+                let a = p as f32 * f;
+                assert!((c1[p][i] - a.cos()).abs() < 1e-5 && (s1[p][i] - a.sin()).abs() < 1e-5);
+            }
+        }
+        assert_eq!(c0[3][0], 3f32.cos());
     }
 }

@@ -57,6 +57,49 @@ fn unsupported_gguf_architecture() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Metadata that would change the arithmetic in ways this crate does not implement is refused
+/// by name, not run wrong.
+#[test]
+fn unsupported_gguf_keys_are_named() {
+    let dir = temp_dir("keys");
+    for (arch, key, value) in [
+        (
+            "llama",
+            "llama.rope.scaling.type",
+            gguf_file::Value::String("yarn".into()),
+        ),
+        (
+            "gemma3",
+            "gemma3.final_logit_softcapping",
+            gguf_file::Value::F32(30.0),
+        ),
+        ("gemma2", "gemma2.block_count", gguf_file::Value::U32(2)),
+    ] {
+        let p = dir.join(format!("{arch}.gguf"));
+        let mut f = std::fs::File::create(&p).unwrap();
+        let t = QTensor::quantize(
+            &Tensor::zeros((4, 32), candle_core::DType::F32, &Device::Cpu).unwrap(),
+            GgmlDType::F32,
+        )
+        .unwrap();
+        let a = gguf_file::Value::String(arch.into());
+        gguf_file::write(
+            &mut f,
+            &[("general.architecture", &a), (key, &value)],
+            &[("token_embd.weight", &t)],
+        )
+        .unwrap();
+        drop(f);
+        let e = open(&p, &FfnMode::Fused { threads: 1 }).expect_err("must fail");
+        match e.kind() {
+            ErrorKind::UnsupportedKey { key: k, .. } => assert_eq!(k, key),
+            ErrorKind::UnsupportedArchitecture { arch: a } => assert_eq!(a, "gemma2"),
+            _ => panic!("{arch}: {e}"),
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn safetensors_missing_tensor_is_named() {
     let dir = temp_dir("missing");

@@ -104,16 +104,23 @@ pub(crate) fn spinner(msg: impl Into<String>) -> ProgressBar {
     pb
 }
 
-/// The model file named by `--model`, or SmolLM2 fetched into the cache.
+/// The model file named by `--model` (a path, or a model name `powerinfer-data` fetches into
+/// the cache), or SmolLM2 fetched into the cache.
 pub(crate) fn model_path(model: &Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(p) = model {
-        if !p.exists() {
-            bail!("--model {}: no such file or directory", p.display());
-        }
-        return Ok(p.clone());
-    }
-    let pb = spinner("SmolLM2-135M-Instruct");
-    let p = fetch::smollm2(&mut |m| pb.set_message(m.to_string()))?;
+    let which = match model {
+        Some(p) if p.exists() => return Ok(p.clone()),
+        Some(p) => match p.to_str().map(str::parse::<fetch::Model>) {
+            Some(Ok(m)) => m,
+            _ => bail!(
+                "--model {}: no such file or directory, nor a model name ({})",
+                p.display(),
+                fetch::Model::ALL.map(|m| m.name()).join(", ")
+            ),
+        },
+        None => fetch::Model::SmolLM2,
+    };
+    let pb = spinner(which.file_name());
+    let p = fetch::model(which, &mut |m| pb.set_message(m.to_string()))?;
     pb.finish_and_clear();
     Ok(p)
 }

