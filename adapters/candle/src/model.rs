@@ -842,11 +842,8 @@ mod tests {
         let (c0, _) = rope_tables(&cfg, 10_000.0, 8, &Device::Cpu).unwrap();
         cfg.rope_factors = Some(vec![1.0, 2.0, 4.0, 8.0]);
         let (c1, s1) = rope_tables(&cfg, 500_000.0, 8, &Device::Cpu).unwrap();
-        let (c0, c1, s1): (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<f32>>) = (
-            c0.to_vec2().unwrap(),
-            c1.to_vec2().unwrap(),
-            s1.to_vec2().unwrap(),
-        );
+        let rows = |t: Tensor| -> Vec<Vec<f32>> { t.to_vec2().unwrap() };
+        let (c0, c1, s1) = (rows(c0), rows(c1), rows(s1));
         for p in 0..8 {
             for i in 0..4 {
                 let f = 1.0 / 500_000f32.powf(2.0 * i as f32 / 8.0) / [1.0, 2.0, 4.0, 8.0][i];
