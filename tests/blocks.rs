@@ -231,6 +231,13 @@ fn kquant_layers_refuse_bad_shapes() {
     assert!(lin
         .forward_quantized(std::slice::from_ref(&xq), &mut y, &mut Vec::new())
         .is_err());
+    // A row quantized for K-quants, then again for 32-value blocks only: its old super-blocks
+    // are gone, not read as if they were this input's.
+    xq.quantize_for(&[0.25; 256], lin.inputs());
+    xq.quantize(&[0.5; 256]);
+    assert!(lin
+        .forward_quantized(std::slice::from_ref(&xq), &mut y, &mut Vec::new())
+        .is_err());
     assert!(PackedRows::pack(BlockKind::Q4K, 1, 96, &[0u8; 54]).is_err());
     let x = Tensor::zeros((1, 256), candle_core::DType::F32, &Device::Cpu).unwrap();
     assert_eq!(flat(&lin.forward(&x).unwrap()), vec![0f32; 16]);

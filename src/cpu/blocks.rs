@@ -293,6 +293,13 @@ impl Q8K {
         }
     }
 
+    /// Holds nothing (the row was not quantized in this form).
+    pub(crate) fn clear(&mut self) {
+        self.d.clear();
+        self.q.clear();
+        self.bsum.clear();
+    }
+
     /// Super-blocks held.
     pub(crate) fn blocks(&self) -> usize {
         self.d.len()

@@ -73,7 +73,10 @@ pub struct QuantizedRow {
 
 impl QuantizedRow {
     /// Quantizes `x` (length a multiple of 32) into this row, reusing its buffers.
+    /// Any Q8_K form from an earlier [`QuantizedRow::quantize_for`] is dropped, so a K-quant
+    /// product refuses this row instead of reading another input's values.
     pub fn quantize(&mut self, x: &[f32]) {
+        self.k.clear();
         self.quantize_values(x);
         let nb = x.len() / QK;
         self.q4.clear();
@@ -97,9 +100,7 @@ impl QuantizedRow {
         if inputs.k {
             self.k.quantize(x);
         } else {
-            self.k.d.clear();
-            self.k.q.clear();
-            self.k.bsum.clear();
+            self.k.clear();
         }
     }
 
