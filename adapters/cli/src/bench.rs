@@ -10,6 +10,9 @@ use powerinfer_candle::{FfnMode, Llama, Timings};
 use crate::common::{corpus_tokens, load, load_sparse, model_path, SparseSettings};
 use crate::BenchArgs;
 
+/// Every row `bench` knows (`--modes`'s default).
+pub(crate) const ALL_MODES: &str = "candle,reference,dense,all,sparse,input";
+
 /// One measured mode.
 struct Row {
     mode: String,
@@ -261,6 +264,16 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         bail!("--modes: unknown mode `{m}` (candle, reference, dense, all, sparse, input)");
     }
     let want = |m: &str| modes.contains(&m);
+    // Rows asked for by name must run; of the default set, those the file cannot run are
+    // skipped with the reason.
+    let named = a.modes != ALL_MODES;
+    let skipped = |row: &str, e: anyhow::Error| -> Result<()> {
+        if named {
+            return Err(e);
+        }
+        eprintln!("no `{row}` row: {e:#}");
+        Ok(())
+    };
     let settings = SparseSettings::from_args(&a.model)?;
     let threads = settings.threads;
     // candle's ops (the reference and candle rows) use rayon, sized by RAYON_NUM_THREADS: give them
@@ -291,7 +304,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     if gguf && want("candle") {
         match measure_candle(&path, &prompt, a.decode_tokens, a.runs) {
             Ok(r) => rows.push(r),
-            Err(e) => eprintln!("no `candle` row: {e:#}"),
+            Err(e) => skipped("candle", e)?,
         }
     }
     // candle's ops around our model code (llama, mistral and qwen2 files; Gemma 3 runs on the
@@ -305,7 +318,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
                 a.runs,
                 "reference",
             )?),
-            Err(e) => eprintln!("no `reference` row: {e:#}"),
+            Err(e) => skipped("reference", e.into())?,
         }
     }
     // The dense FFN on our kernels and decoder (GGUF with Q4_0/Q4_1/Q8_0 projections only).
@@ -327,7 +340,6 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     // A file whose FFN blocks the sparse layouts do not hold (K-quants, Q5) has no such rows:
     // the reason is printed and the run goes on.
     let mut fused = true;
-    let skipped = |row: &str, e: anyhow::Error| eprintln!("no `{row}` row: {e:#}");
     if want("all") {
         match load(&path, &settings.mode()) {
             Ok(mut all) => {
@@ -340,19 +352,19 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
                 )?);
                 fused = all.model.is_fused();
             }
-            Err(e) => skipped("all", e),
+            Err(e) => skipped("all", e)?,
         }
     }
     if want("sparse") {
         match measure_sparse(&path, &settings, &prompt, a, &mut rows) {
             Ok(f) => fused &= f,
-            Err(e) => skipped("sparse", e),
+            Err(e) => skipped("sparse", e)?,
         }
     }
     if gguf && want("input") {
         match measure_input(&path, &settings, &prompt, a) {
             Ok(r) => rows.push(r),
-            Err(e) => skipped("input", e),
+            Err(e) => skipped("input", e)?,
         }
     }
     let mut notes = Vec::new();

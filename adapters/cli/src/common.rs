@@ -125,6 +125,39 @@ pub(crate) fn model_path(model: &Option<PathBuf>) -> Result<PathBuf> {
     Ok(p)
 }
 
+/// How perplexity is scored.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) enum Scoring {
+    /// Every token of each window after its first (`Llama::perplexity`).
+    #[default]
+    Windows,
+    /// llama.cpp's `llama-perplexity` rule (`Llama::perplexity_llama_cpp`): the second half of
+    /// each window, its first token replaced by `bos` when the vocabulary adds one.
+    LlamaCpp {
+        /// The vocabulary's BOS, when it adds one.
+        bos: Option<u32>,
+    },
+}
+
+impl Scoring {
+    /// llama.cpp's rule for `tok`'s vocabulary.
+    pub(crate) fn llama_cpp(tok: &TextTokenizer) -> Self {
+        Scoring::LlamaCpp {
+            bos: tok.bos.filter(|_| tok.add_bos),
+        }
+    }
+
+    /// Perplexity of `text` in windows of `ctx` tokens.
+    pub(crate) fn perplexity(self, model: &mut Llama, text: &[u32], ctx: usize) -> Result<f64> {
+        Ok(match self {
+            Scoring::Windows => model.perplexity(text, ctx)?,
+            Scoring::LlamaCpp { bos } => {
+                model.perplexity_llama_cpp(text, ctx, usize::MAX, bos)?.ppl
+            }
+        })
+    }
+}
+
 /// A loaded model and its tokenizer.
 pub struct Loaded {
     /// The model.

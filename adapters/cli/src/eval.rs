@@ -9,16 +9,21 @@ use serde_json::json;
 
 use crate::analyze::picture_stem;
 use crate::common::{
-    load, load_sparse, mean, model_path, spinner, text_tokens, Sparse, SparseSettings,
+    load, load_sparse, mean, model_path, spinner, text_tokens, Scoring, Sparse, SparseSettings,
 };
 use crate::plots::{bytes_perplexity, sparsity_perplexity, Series};
 use crate::EvalArgs;
 
 /// Perplexity of the sparse model as configured now, and its realized sparsity per layer.
-fn sparse_run(sp: &mut Sparse, text: &[u32], ctx: usize) -> Result<(f64, Vec<f64>)> {
+fn sparse_run(
+    sp: &mut Sparse,
+    text: &[u32],
+    ctx: usize,
+    scoring: Scoring,
+) -> Result<(f64, Vec<f64>)> {
     let pb = spinner(format!("perplexity: {}", sp.label));
     sp.m.model.enable_ffn_stats();
-    let ppl = sp.m.model.perplexity(text, ctx)?;
+    let ppl = scoring.perplexity(&mut sp.m.model, text, ctx)?;
     pb.finish_and_clear();
     let per_layer =
         sp.m.model
@@ -39,8 +44,27 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         bail!("--sweep needs --powerinfer ARTIFACT (its quantiles set each point's thresholds)");
     }
     let path = model_path(&a.model.model)?;
-    let mut dense = load(&path, &FfnMode::Dense)?;
-    let (text, sources) = text_tokens(&dense.tok, &a.text, 2000..=2021, a.tokens)?;
+    // candle's reference model, or for an architecture it does not run (Gemma 3) our dense
+    // decoder.
+    let mut dense = match load(&path, &FfnMode::Dense) {
+        Ok(m) => m,
+        Err(_) => load(
+            &path,
+            &FfnMode::Fused {
+                threads: settings.threads,
+            },
+        )?,
+    };
+    let (mut text, sources) = text_tokens(&dense.tok, &a.text, 2000..=2021, a.tokens)?;
+    let scoring = if a.llama_cpp_rule {
+        // llama.cpp scores the text as one sequence: BOS first when the vocabulary adds one.
+        if let (true, Some(b)) = (dense.tok.add_bos, dense.tok.bos) {
+            text.insert(0, b);
+        }
+        Scoring::llama_cpp(&dense.tok)
+    } else {
+        Scoring::Windows
+    };
     let source = if a.text.is_empty() {
         "State of the Union 2000-2021".to_string()
     } else {
@@ -50,7 +74,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         "dense perplexity on {} held-out tokens",
         text.len()
     ));
-    let ppl_dense = dense.model.perplexity(&text, a.ctx)?;
+    let ppl_dense = scoring.perplexity(&mut dense.model, &text, a.ctx)?;
     pb.finish_and_clear();
     drop(dense);
     println!(
@@ -62,11 +86,11 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
 
     if let Some(rules) = &a.input_rules {
-        return input_sweep(a, &path, &settings, rules, &text, ppl_dense);
+        return input_sweep(a, &path, &settings, rules, &text, ppl_dense, scoring);
     }
     let mut sp = load_sparse(&path, &settings)?;
     if sp.artifact.is_none() {
-        let (ppl, per_layer) = sparse_run(&mut sp, &text, a.ctx)?;
+        let (ppl, per_layer) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
         println!(
             "sparse perplexity {ppl:.3} ({:+.2}%), realized FFN sparsity {:.1}% ({})",
             rel(ppl),
@@ -90,11 +114,11 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
 
     // Exact thresholding at the artifact's |h| thresholds: the quality ceiling of any predictor.
     sp.use_exact(None)?;
-    let (ppl_exact, exact_layers) = sparse_run(&mut sp, &text, a.ctx)?;
+    let (ppl_exact, exact_layers) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
     // The trained predictors, audited against the exact sets on the same held-out text.
     sp.use_trained(settings.predictor_sparsity)?;
     sp.m.model.enable_audit(&sp.thresholds)?;
-    let (ppl_pred, _) = sparse_run(&mut sp, &text, a.ctx)?;
+    let (ppl_pred, _) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
     let audits: Vec<PredictorAudit> = sp.m.model.take_audit().into_iter().flatten().collect();
     let costs = predictor_costs(&sp);
     let realized = |v: &[PredictorAudit]| mean(&v.iter().map(|x| x.sparsity()).collect::<Vec<_>>());
@@ -132,10 +156,10 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     let (mut exact_pts, mut pred_pts) = (Vec::new(), Vec::new());
     for &s in sweep {
         sp.use_exact(Some(s))?;
-        let (p, layers) = sparse_run(&mut sp, &text, a.ctx)?;
+        let (p, layers) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
         exact_pts.push((mean(&layers), p));
         sp.use_trained(Some(s))?;
-        let (q, layers) = sparse_run(&mut sp, &text, a.ctx)?;
+        let (q, layers) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
         pred_pts.push((mean(&layers), q));
         println!(
             "sweep {:>3.0}%: exact {p:.3} ({:+.2}%, realized {:.1}%), trained {q:.3} ({:+.2}%, realized {:.1}%)",
@@ -216,6 +240,7 @@ fn input_sweep(
     rules: &str,
     text: &[u32],
     ppl_dense: f64,
+    scoring: Scoring,
 ) -> Result<()> {
     let rules = crate::input::parse_rules(rules)?;
     let targets = &a.input_sweep;
@@ -232,14 +257,18 @@ fn input_sweep(
     for &rule in &rules {
         let im = match &mut models[usize::from(rule.up_rows())] {
             Some(im) => im,
-            slot => slot.insert(crate::input::InputModel::load(
-                path,
-                settings.threads,
-                settings.calibration_tokens,
-                a.ctx,
-                with_attention,
-                rule.up_rows(),
-            )?),
+            slot => {
+                let mut im = crate::input::InputModel::load(
+                    path,
+                    settings.threads,
+                    settings.calibration_tokens,
+                    a.ctx,
+                    with_attention,
+                    rule.up_rows(),
+                )?;
+                im.scoring = scoring;
+                slot.insert(im)
+            }
         };
         let mut points = vec![Vec::new(); attention.len()];
         for &s in targets {

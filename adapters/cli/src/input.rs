@@ -98,6 +98,8 @@ pub(crate) struct InputModel {
     pub m: Loaded,
     /// Windows of the calibration text.
     pub ctx: usize,
+    /// How [`InputModel::perplexity`] scores (calibration always scores every window's tokens).
+    pub scoring: crate::common::Scoring,
     calib: Vec<u32>,
     scores: Vec<(InputScore, Vec<InputScores>)>,
     /// Greedy paths per score and the target they reach.
@@ -130,6 +132,7 @@ impl InputModel {
         Ok(InputModel {
             m,
             ctx,
+            scoring: Default::default(),
             calib,
             scores: Vec::new(),
             paths: Vec::new(),
@@ -297,7 +300,7 @@ impl InputModel {
     pub fn perplexity(&mut self, text: &[u32]) -> Result<(f64, WeightTraffic, WeightTraffic)> {
         self.m.model.take_ffn_traffic();
         self.m.model.take_attention_traffic();
-        let p = self.m.model.perplexity(text, self.ctx)?;
+        let p = self.scoring.perplexity(&mut self.m.model, text, self.ctx)?;
         Ok((
             p,
             self.m.model.take_ffn_traffic(),

@@ -221,7 +221,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "ENGINE")]
     pub peer: Option<String>,
     /// Which of our rows to run, comma-separated (candle, reference, dense, all, sparse, input).
-    #[arg(long, default_value = "candle,reference,dense,all,sparse,input")]
+    /// By default every row the file can run (the others are skipped, saying why); a row named
+    /// here that cannot run is an error.
+    #[arg(long, default_value = bench::ALL_MODES)]
     pub modes: String,
     /// Also run the sparse model with a fast tier in every layer (`--tier`), one row per
     /// budget: a share of the FFN weights' bytes or bytes, comma-separated (e.g.
@@ -266,6 +268,11 @@ pub struct EvalArgs {
     /// Context window per scored chunk.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
+    /// Score as llama.cpp's `llama-perplexity` does, so the numbers compare with it: the text
+    /// as one sequence (BOS first when the vocabulary adds one) in windows of `--ctx`, each
+    /// window's first token replaced by BOS, only its second half scored.
+    #[arg(long)]
+    pub llama_cpp_rule: bool,
     /// With `--powerinfer`: target sparsities (e.g. `0.2,0.3,0.4,0.5,0.6`) at which to measure
     /// exact thresholding and the trained predictors; draws the sparsity-perplexity picture next
     /// to the artifact.
