@@ -229,6 +229,9 @@ unsafe fn avx2<const K: usize>(
                     let mut acc = _mm256_setzero_ps();
                     for b in 0..nb {
                         let base = gbase.add(b * rec);
+                        if h == 0 {
+                            prefetch_record(base, rec);
+                        }
                         let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast()));
                         let qs = base.add(sb + 32 * h);
                         let xq = x.q.as_ptr().add(b * QK).cast::<i32>();

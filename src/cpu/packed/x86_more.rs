@@ -339,6 +339,9 @@ unsafe fn q45k_avx2<const H: bool>(
         let mut acc = _mm256_setzero_ps();
         for b in 0..nb {
             let base = gbase.add(b * rec);
+            if h == 0 {
+                prefetch_record(base, rec);
+            }
             let ld = |at: usize| _mm256_loadu_si256(base.add(at + 32 * h).cast());
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast()));
             let dmin = _mm256_cvtph_ps(_mm_loadu_si128(base.add(32 + 16 * h).cast()));
@@ -421,6 +424,9 @@ unsafe fn q6k_avx2(gbase: *const u8, nb: usize, h: usize, x: &QuantizedRow) -> _
         let mut acc = _mm256_setzero_ps();
         for b in 0..nb {
             let base = gbase.add(b * rec);
+            if h == 0 {
+                prefetch_record(base, rec);
+            }
             let ld = |at: usize| _mm256_loadu_si256(base.add(at + 32 * h).cast());
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(3328 + 16 * h).cast()));
             let mut sumi = _mm256_setzero_si256();
