@@ -94,6 +94,7 @@ impl QLinear {
         let Some(first) = ws.first() else {
             return Err(Error::config("QLinear weight", "no tensor given"));
         };
+        // A block type the kernels do not take is the error to report, whatever the shape.
         block_kind(first.dtype())?;
         let inp = dims2(first)?.1;
         let mut data = Vec::with_capacity(ws.len());
