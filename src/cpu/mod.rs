@@ -4,6 +4,7 @@
 //! detection, and the pool's hand-off of borrowed jobs to worker threads.
 
 mod attention;
+mod bandwidth;
 mod blocks;
 mod bundles;
 mod columns;
@@ -22,6 +23,7 @@ mod split;
 mod x86;
 
 pub use attention::{attend, KvRows};
+pub use bandwidth::{read_bandwidth, ReadBandwidth};
 pub use blocks::{dequantize_blocks, dot_row, BlockKind, Inputs, QK_K};
 pub(crate) use bundles::{BundleData, BundleLayout, BundleView};
 pub(crate) use columns::product as column_product;

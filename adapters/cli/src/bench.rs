@@ -5,6 +5,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use powerinfer::cpu::ReadBandwidth;
 use powerinfer_candle::{FfnMode, Llama, Timings};
 
 use crate::common::{corpus_tokens, load, load_sparse, model_path, SparseSettings};
@@ -18,6 +19,8 @@ struct Row {
     mode: String,
     prompt_tps: f64,
     decode_tps: f64,
+    /// The slowest and the fastest run's decode tok/s (the spread around `decode_tps`).
+    decode_range: (f64, f64),
     /// Per-component decode times over all runs (our model only).
     per_token: Option<Timings>,
     /// Mean decode time per token over all runs, ms (our model only; what the components sum to).
@@ -39,6 +42,7 @@ impl Row {
         Row {
             mode: mode.to_string(),
             prompt_tps: median(prompt),
+            decode_range: range(&decode),
             decode_tps: median(decode),
             per_token: None,
             measured_ms: None,
@@ -57,6 +61,14 @@ fn median(mut v: Vec<f64>) -> f64 {
         n if n % 2 == 1 => v[n / 2],
         n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
     }
+}
+
+/// The smallest and the largest sample.
+fn range(v: &[f64]) -> (f64, f64) {
+    v.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        })
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -152,6 +164,7 @@ fn measure(
     Ok(Row {
         mode: mode.to_string(),
         prompt_tps: median(p),
+        decode_range: range(&d),
         decode_tps: median(d),
         measured_ms: Some(decode_time.as_secs_f64() * 1e3 / (runs * decode) as f64),
         per_token: Some(per_token),
@@ -160,38 +173,6 @@ fn measure(
         ffn_bytes_skipped: (mode == "dense" || mode == "all").then_some(0.0),
         attention_bytes_skipped: (mode == "dense" || mode == "all").then_some(0.0),
     })
-}
-
-/// Read bandwidth of this machine with `threads` threads: the best of 3 sums over 512 MiB (far
-/// more than any cache), in GB/s.
-fn read_bandwidth(threads: usize) -> f64 {
-    let n = 64 << 20;
-    let v: Vec<u64> = (0..n as u64).collect();
-    let sum = |s: &[u64]| {
-        let mut a = [0u64; 8];
-        for c in s.chunks_exact(8) {
-            for (x, y) in a.iter_mut().zip(c) {
-                *x = x.wrapping_add(*y);
-            }
-        }
-        a.iter().fold(0u64, |x, y| x.wrapping_add(*y))
-    };
-    let mut best = 0f64;
-    for _ in 0..3 {
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            let per = n / threads.max(1);
-            let hs: Vec<_> = v
-                .chunks(per)
-                .map(|part| s.spawn(move || sum(part)))
-                .collect();
-            for h in hs {
-                std::hint::black_box(h.join().ok());
-            }
-        });
-        best = best.max((n * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
-    }
-    best
 }
 
 /// llama.cpp's `llama-bench` on the same file, threads and lengths, through
@@ -283,7 +264,9 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     }
     let path = model_path(&a.model.model)?;
     let gguf = path.extension().is_some_and(|e| e == "gguf");
-    let bw = read_bandwidth(threads);
+    // The read bandwidth at the start and at the end of the run: the better of the two sets the
+    // floor (the stricter one when the machine's load moves during the run).
+    let bw_start = powerinfer::cpu::read_bandwidth(threads);
     let mut lcpp = (Vec::new(), Vec::new());
     let peer_run = |lcpp: &mut (Vec<f64>, Vec<f64>)| -> Result<()> {
         if peer && gguf {
@@ -318,7 +301,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
                 a.runs,
                 "reference",
             )?),
-            Err(e) => skipped("reference", e.into())?,
+            Err(e) => skipped("reference", e)?,
         }
     }
     // The dense FFN on our kernels and decoder (GGUF with Q4_0/Q4_1/Q8_0 projections only).
@@ -372,8 +355,9 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         measure_tiers(&path, &settings, &prompt, a, &mut rows, &mut notes)?;
     }
     peer_run(&mut lcpp)?;
+    let bw_end = powerinfer::cpu::read_bandwidth(threads);
     let info = RunInfo {
-        bw,
+        bw: [bw_start, bw_end],
         threads,
         prompt_tokens: prompt.len(),
         args: a,
@@ -538,8 +522,8 @@ fn measure_input(
 
 /// What the table says about the run besides its rows.
 struct RunInfo<'a> {
-    /// Read bandwidth, GB/s.
-    bw: f64,
+    /// Read bandwidth at the start and at the end of the run.
+    bw: [ReadBandwidth; 2],
     threads: usize,
     prompt_tokens: usize,
     args: &'a BenchArgs,
@@ -557,12 +541,13 @@ fn print_table(
         rows.insert(0, Row::peer("llama.cpp", p, d));
     }
     let RunInfo {
-        bw,
+        bw: [bw_start, bw_end],
         threads,
         prompt_tokens,
         args: a,
         fused,
     } = *info;
+    let bw = bw_start.best().max(bw_end.best());
     println!(
         "{threads} thread(s), prompt {} tokens, decode {} tokens, medians of {} runs; read bandwidth {bw:.1} GB/s",
         prompt_tokens,
@@ -570,10 +555,15 @@ fn print_table(
         a.runs
     );
     println!(
-        "{:<9} {:>9} {:>9} | decode ms/token: {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} | {:>7} {:>8}",
+        "  (GB/s at the start and at the end: plain sum {:.1} and {:.1}, prefetching sum {:.1} and {:.1})",
+        bw_start.plain, bw_end.plain, bw_start.prefetching, bw_end.prefetching
+    );
+    println!(
+        "{:<9} {:>9} {:>9} {:>11} | decode ms/token: {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} | {:>7} {:>8}",
         "mode",
         "prompt/s",
         "decode/s",
+        "min-max",
         "attn",
         "ffn",
         "head",
@@ -602,10 +592,11 @@ fn print_table(
         };
         let floor = r.bytes.map(|b| b / bw / 1e6);
         println!(
-            "{:<9} {:>9.1} {:>9.1} |                  {cols} {:>8.3} | {:>7} {:>8}",
+            "{:<9} {:>9.1} {:>9.1} {:>11} |                  {cols} {:>8.3} | {:>7} {:>8}",
             r.mode,
             r.prompt_tps,
             r.decode_tps,
+            format!("{:.1}-{:.1}", r.decode_range.0, r.decode_range.1),
             measured,
             r.bytes.map_or(String::new(), |b| format!("{:.1}", b / 1e6)),
             floor.map_or(String::new(), |f| format!("{f:.3}")),
@@ -616,7 +607,9 @@ fn print_table(
             serde_json::json!({
                 "mode": r.mode, "threads": threads, "prompt_tokens": prompt_tokens,
                 "decode_tokens": a.decode_tokens, "prompt_tps": r.prompt_tps,
-                "decode_tps": r.decode_tps, "measured_ms": measured, "sum_ms": sum,
+                "decode_tps": r.decode_tps,
+                "decode_tps_min": r.decode_range.0, "decode_tps_max": r.decode_range.1,
+                "measured_ms": measured, "sum_ms": sum,
                 "ms_per_token": t.map(|t| {
                     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.calls.max(1) as f64;
                     serde_json::json!({"attention": ms(t.attention), "ffn": ms(t.ffn),

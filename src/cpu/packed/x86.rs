@@ -41,13 +41,22 @@ const PREFETCH_BYTES: usize = 16384;
 /// never faults, also past the end of the matrix). Records are read once, in address order.
 #[inline(always)]
 pub(super) unsafe fn prefetch_record(base: *const u8, rec: usize) {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { prefetch_part(base, rec, 0, 1) }
+}
+
+/// Part `part` of `parts` of [`prefetch_record`]'s lines. The K-quant kernels spread a record's
+/// hints (36-53 lines) over its sub-blocks: issued at once they fill the core's miss buffers
+/// and stall the arithmetic behind them. Spread, Qwen2.5-Coder-1.5B's Q4_K products read
+/// DRAM at 13 GB/s instead of 11.5 (1 thread, against 17.5 for a plain sum).
+#[inline(always)]
+pub(super) unsafe fn prefetch_part(base: *const u8, rec: usize, part: usize, parts: usize) {
     let ahead = base.wrapping_add(PREFETCH_BYTES);
-    let mut off = 0;
-    while off < rec {
+    let lines = rec.div_ceil(64);
+    for line in lines * part / parts..lines * (part + 1) / parts {
         // SAFETY: a prefetch is a hint and never faults, whatever the address; SSE is part of
         // the x86-64 baseline.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off).cast()) };
-        off += 64;
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * line).cast()) };
     }
 }
 

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::x86::prefetch_record;
+use super::x86::prefetch_part;
 use super::{record_bytes, PackedRows, PACK};
 use crate::cpu::blocks::{BlockKind, QK_K};
 use crate::cpu::quant::QuantizedRow;
@@ -101,7 +101,6 @@ unsafe fn q45k_vnni<const H: bool, const T: usize>(
         let even = _mm512_set1_epi32(0x00FF_00FF);
         for b in 0..nb {
             let base = gbase.add(b * rec);
-            prefetch_record(base, rec);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(2 * PACK).cast()));
             let (sa, sb, sc) = (
@@ -124,6 +123,7 @@ unsafe fn q45k_vnni<const H: bool, const T: usize>(
             let mut sumi = [_mm512_setzero_si512(); T];
             let qs = base.add(qs_at);
             for j in 0..8 {
+                prefetch_part(base, rec, j, 8);
                 // Sub-block j: nibble (j % 2) of the quants' words 8 (j / 2) .. + 8.
                 let mut w = [_mm512_setzero_si512(); 8];
                 for (k, wk) in w.iter_mut().enumerate() {
@@ -212,12 +212,12 @@ unsafe fn q6k_vnni<const T: usize>(
         );
         for b in 0..nb {
             let base = gbase.add(b * rec);
-            prefetch_record(base, rec);
             let (ql, qh, sw) = (base, base.add(2048), base.add(3072));
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(3328).cast()));
             let mut sumi = [_mm512_setzero_si512(); T];
             for n in 0..2 {
                 for g in 0..2 {
+                    prefetch_part(base, rec, 2 * n + g, 4);
                     // Words 4g..4g + 4 of each 32-weight run: sub-blocks 8n + g + 2q, q = 0..4.
                     let mut w = [[_mm512_setzero_si512(); 4]; 4];
                     #[allow(clippy::needless_range_loop)] // `i` indexes the inner arrays of `w`
@@ -339,9 +339,6 @@ unsafe fn q45k_avx2<const H: bool>(
         let mut acc = _mm256_setzero_ps();
         for b in 0..nb {
             let base = gbase.add(b * rec);
-            if h == 0 {
-                prefetch_record(base, rec);
-            }
             let ld = |at: usize| _mm256_loadu_si256(base.add(at + 32 * h).cast());
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16 * h).cast()));
             let dmin = _mm256_cvtph_ps(_mm_loadu_si128(base.add(32 + 16 * h).cast()));
@@ -359,6 +356,9 @@ unsafe fn q45k_avx2<const H: bool>(
             ];
             let mut sumi = _mm256_setzero_si256();
             for j in 0..8 {
+                if h == 0 {
+                    prefetch_part(base, rec, j, 8);
+                }
                 let xq = x.k.q.as_ptr().add(b * QK_K + 32 * j).cast::<i32>();
                 let (mut p0, mut p1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 for k in 0..8 {
@@ -424,13 +424,13 @@ unsafe fn q6k_avx2(gbase: *const u8, nb: usize, h: usize, x: &QuantizedRow) -> _
         let mut acc = _mm256_setzero_ps();
         for b in 0..nb {
             let base = gbase.add(b * rec);
-            if h == 0 {
-                prefetch_record(base, rec);
-            }
             let ld = |at: usize| _mm256_loadu_si256(base.add(at + 32 * h).cast());
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(base.add(3328 + 16 * h).cast()));
             let mut sumi = _mm256_setzero_si256();
             for j in 0..16 {
+                if h == 0 {
+                    prefetch_part(base, rec, j, 16);
+                }
                 // Sub-block j = 8n + 2q + g: words 4g..4g + 4 of run q of half n.
                 let (n, q, g) = (j / 8, (j % 8) / 2, j % 2);
                 let xq = x.k.q.as_ptr().add(b * QK_K + 16 * j).cast::<i32>();
