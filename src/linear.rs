@@ -248,8 +248,33 @@ impl QLinear {
         }
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (xq, tmp) = &mut *guard;
-        let xq = QuantizedRow::quantize_rows_for(xq, x, inp, self.inputs);
+        let xq = self.quantize_input(xq, x);
         self.forward_quantized(xq, y, tmp)
+    }
+
+    /// `x` (rows of `in` values) quantized as this layer reads its input
+    /// ([`QuantizedRow::quantize_rows_for`] with [`QLinear::inputs`]) into `buf`: the rows shared
+    /// among the layer's threads when there are several. Allocation-free once `buf` has grown.
+    pub fn quantize_input<'a>(
+        &self,
+        buf: &'a mut Vec<QuantizedRow>,
+        x: &[f32],
+    ) -> &'a [QuantizedRow] {
+        let inp = self.dims().1;
+        let n = x.len().checked_div(inp).unwrap_or(0);
+        if n < 2 || self.pool.threads() == 1 {
+            return QuantizedRow::quantize_rows_for(buf, x, inp, self.inputs);
+        }
+        if buf.len() < n {
+            buf.resize_with(n, Default::default);
+        }
+        let inputs = self.inputs;
+        self.pool.run_chunks(&mut buf[..n], n, 1, &|range, part| {
+            for (q, r) in part.iter_mut().zip(range) {
+                q.quantize_for(&x[r * inp..(r + 1) * inp], inputs);
+            }
+        });
+        &buf[..n]
     }
 
     /// The groups of the layer (across parts) in `range` against `xq` into `buf` (`range.len()
@@ -313,11 +338,13 @@ impl QLinear {
                 });
         }
         if !direct {
+            // Group `g` of a part holds its rows `16 g ..` for every input row in turn.
             for (p, &(first, g0)) in self.parts.iter().zip(&self.starts) {
-                for r in 0..rows {
-                    for j in 0..p.rows() {
-                        y[r * out + first + j] =
-                            tmp[((g0 + j / PACK) * rows + r) * PACK + j % PACK];
+                for g in 0..p.groups() {
+                    let n = PACK.min(p.rows() - g * PACK);
+                    for r in 0..rows {
+                        let at = r * out + first + g * PACK;
+                        y[at..at + n].copy_from_slice(&tmp[((g0 + g) * rows + r) * PACK..][..n]);
                     }
                 }
             }

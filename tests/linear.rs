@@ -50,6 +50,12 @@ fn check_bits(out: usize, inp: usize, rows: usize, threads: usize, kind: usize, 
             got, want,
             "{dtype:?} {out}x{inp}, {rows} rows, {threads} threads, {tier}"
         );
+        // The layer's own quantization (rows shared among its threads) reads the same input.
+        let mut buf = Vec::new();
+        let own = lin.quantize_input(&mut buf, &xs[..rows * inp]);
+        lin.forward_quantized(own, &mut y, &mut Vec::new()).unwrap();
+        let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "quantize_input: {dtype:?} {rows} rows, {threads} threads");
     }
 }
 

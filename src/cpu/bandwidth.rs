@@ -61,8 +61,10 @@ pub fn read_bandwidth(threads: usize) -> ReadBandwidth {
 fn sum(s: &[u64], prefetch: bool) -> u64 {
     let mut a = [0u64; 8];
     for (i, c) in s.chunks_exact(8).enumerate() {
-        if prefetch {
-            prefetch_l2(s.as_ptr().wrapping_add(i * 8 + AHEAD_WORDS));
+        if let Some(ahead) = s.get(i * 8 + AHEAD_WORDS..i * 8 + AHEAD_WORDS + 8) {
+            if prefetch {
+                super::prefetch_l2(ahead);
+            }
         }
         for (x, y) in a.iter_mut().zip(c) {
             *x = x.wrapping_add(*y);
@@ -70,16 +72,6 @@ fn sum(s: &[u64], prefetch: bool) -> u64 {
     }
     a.iter().fold(0, |x, y| x.wrapping_add(*y))
 }
-
-#[cfg(target_arch = "x86_64")]
-fn prefetch_l2(p: *const u64) {
-    // SAFETY: a prefetch is a hint and never faults, whatever the address; SSE is part of the
-    // x86-64 baseline.
-    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast()) };
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn prefetch_l2(_: *const u64) {}
 
 #[cfg(test)]
 mod tests {

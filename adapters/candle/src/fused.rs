@@ -67,16 +67,22 @@ impl KernelFfn {
         s.gu.resize(rows * 2 * inter, 0.0);
         self.gate_up.forward_quantized(xq, &mut s.gu, tmp)?;
         s.h.resize(rows * inter, 0.0);
-        for (h, gu) in
-            s.h.chunks_exact_mut(inter)
-                .zip(s.gu.chunks_exact(2 * inter))
-        {
-            let (g, u) = gu.split_at(inter);
-            for ((h, &g), &u) in h.iter_mut().zip(g).zip(u) {
-                *h = self.act.gated(g, u);
+        let (act, gu) = (self.act, &s.gu);
+        let gated = |range: std::ops::Range<usize>, part: &mut [f32]| {
+            for (h, r) in part.chunks_exact_mut(inter).zip(range) {
+                let (g, u) = gu[2 * inter * r..2 * inter * (r + 1)].split_at(inter);
+                for ((h, &g), &u) in h.iter_mut().zip(g).zip(u) {
+                    *h = act.gated(g, u);
+                }
             }
+        };
+        // A prompt's rows are shared among the threads; one row is not worth a dispatch.
+        if rows > 1 {
+            self.down.pool().run_chunks(&mut s.h, rows, inter, &gated);
+        } else {
+            gated(0..rows, &mut s.h);
         }
-        let hq = QuantizedRow::quantize_rows_for(&mut s.hq, &s.h, inter, self.down.inputs());
+        let hq = self.down.quantize_input(&mut s.hq, &s.h);
         self.down.forward_quantized(hq, out, tmp)?;
         Ok(())
     }
@@ -319,7 +325,7 @@ impl Decoder {
             // 2. q, k, v in one product.
             match qkv {
                 Projection::Rows(qkv) => {
-                    let xq = QuantizedRow::quantize_rows_for(&mut s.xq, &s.h, hidden, qkv.inputs());
+                    let xq = qkv.quantize_input(&mut s.xq, &s.h);
                     qkv.forward_quantized(xq, &mut s.qkv, &mut s.tmp)?;
                 }
                 Projection::Columns(qkv) => qkv.forward_f32(&s.h, rows, &mut s.qkv)?,
@@ -386,7 +392,7 @@ impl Decoder {
             }
             match o {
                 Projection::Rows(o) => {
-                    let xq = QuantizedRow::quantize_rows_for(&mut s.xq, &s.att, qw, o.inputs());
+                    let xq = o.quantize_input(&mut s.xq, &s.att);
                     o.forward_quantized(xq, &mut s.f, &mut s.tmp)?;
                 }
                 Projection::Columns(o) => o.forward_f32(&s.att, rows, &mut s.f)?,
@@ -428,8 +434,7 @@ impl Decoder {
                 Ffn::Hybrid(ffn) => run_hybrid(ffn, &s.h, rows, &mut s.f)?,
                 Ffn::InputSparse(ffn) => ffn.forward_f32(&s.h, rows, &mut s.f)?,
                 Ffn::Kernels(ffn) => {
-                    let inputs = ffn.gate_up.inputs();
-                    let xq = QuantizedRow::quantize_rows_for(&mut s.xq, &s.h, hidden, inputs);
+                    let xq = ffn.gate_up.quantize_input(&mut s.xq, &s.h);
                     ffn.forward_rows(xq, &mut s.f, &mut s.ffn, &mut s.tmp)?;
                 }
                 Ffn::Dense(_) => return Err(fused_error("a layer's FFN is candle's")),
@@ -453,12 +458,9 @@ impl Decoder {
             self.eps,
             &mut s.h[..out_rows * hidden],
         );
-        let xq = QuantizedRow::quantize_rows_for(
-            &mut s.xq,
-            &s.h[..out_rows * hidden],
-            hidden,
-            self.lm_head.inputs(),
-        );
+        let xq = self
+            .lm_head
+            .quantize_input(&mut s.xq, &s.h[..out_rows * hidden]);
         let vocab = self.lm_head.dims().0;
         s.logits.resize(out_rows * vocab, 0.0);
         self.lm_head
