@@ -179,6 +179,16 @@ pub fn load(path: &Path, mode: &FfnMode) -> Result<Loaded> {
     Ok(Loaded { model, tok })
 }
 
+/// The dense model users generate with: our fused decoder when the file runs on it (a GGUF file
+/// whose projections are all of a block type the kernels take; Gemma 3 runs nowhere else),
+/// candle's reference model otherwise (safetensors directories).
+pub fn load_dense(path: &Path, threads: usize) -> Result<Loaded> {
+    load(path, &FfnMode::Fused { threads }).or_else(|fused| {
+        tracing::info!("not on the fused decoder ({fused:#}); candle's reference model instead");
+        load(path, &FfnMode::Dense)
+    })
+}
+
 /// Up to `n` tokens of State of the Union speeches from `years`, latest first.
 pub(crate) fn corpus_tokens(
     tok: &TextTokenizer,

@@ -3,9 +3,9 @@
 use std::io::Write;
 
 use anyhow::{bail, Result};
-use powerinfer_candle::{FfnMode, GenerateOptions};
+use powerinfer_candle::GenerateOptions;
 
-use crate::common::{chatml, load, load_sparse, model_path, stream, SparseSettings};
+use crate::common::{chatml, load_dense, load_sparse, model_path, stream, SparseSettings};
 use crate::GenerateArgs;
 
 pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
@@ -23,7 +23,7 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
     let mut m = if a.sparse {
         load_sparse(&path, &settings)?.m
     } else {
-        load(&path, &FfnMode::Dense)?
+        load_dense(&path, settings.threads)?
     };
     let text = if a.chat {
         chatml(&a.prompt)
@@ -46,12 +46,16 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
     drop(out);
     let g = stream(&mut m, &prompt, &opts)?;
     eprintln!(
-        "{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s ({} FFN)",
+        "{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s ({})",
         g.prompt_tokens,
         g.prompt_tps(),
         g.tokens.len(),
         g.decode_tps(),
-        if a.sparse { "sparse" } else { "dense" }
+        match (a.sparse, m.model.is_fused()) {
+            (true, _) => "sparse FFN",
+            (false, true) => "dense, fused decoder",
+            (false, false) => "dense, candle's model",
+        }
     );
     Ok(())
 }

@@ -170,6 +170,23 @@ fn generate_streams_real_text() {
     assert!(err.contains("tok/s"), "{err}");
 }
 
+/// Plain `generate` runs the fused decoder, the only one Gemma 3 runs on.
+#[test]
+fn generate_runs_gemma3_on_the_fused_decoder() {
+    let (ok, out, err) = powerinfer(&[
+        "generate",
+        "--model",
+        "gemma3-270m",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "4",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.trim().len() > "The capital of France is".len(), "{out}");
+    assert!(err.contains("dense, fused decoder"), "{err}");
+}
+
 #[test]
 fn analyze_then_use_the_artifact() {
     let d = temp("analyze");
