@@ -55,7 +55,10 @@ fn check_bits(out: usize, inp: usize, rows: usize, threads: usize, kind: usize, 
         let own = lin.quantize_input(&mut buf, &xs[..rows * inp]);
         lin.forward_quantized(own, &mut y, &mut Vec::new()).unwrap();
         let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
-        assert_eq!(got, want, "quantize_input: {dtype:?} {rows} rows, {threads} threads");
+        assert_eq!(
+            got, want,
+            "quantize_input: {dtype:?} {rows} rows, {threads} threads"
+        );
     }
 }
 
