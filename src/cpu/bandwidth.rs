@@ -61,8 +61,8 @@ pub fn read_bandwidth(threads: usize) -> ReadBandwidth {
 fn sum(s: &[u64], prefetch: bool) -> u64 {
     let mut a = [0u64; 8];
     for (i, c) in s.chunks_exact(8).enumerate() {
-        if let Some(ahead) = s.get(i * 8 + AHEAD_WORDS..i * 8 + AHEAD_WORDS + 8) {
-            if prefetch {
+        if prefetch {
+            if let Some(ahead) = s.get(i * 8 + AHEAD_WORDS..i * 8 + AHEAD_WORDS + 8) {
                 super::prefetch_l2(ahead);
             }
         }
