@@ -67,6 +67,30 @@ pub(super) struct Vocab {
     pub(super) ids: HashMap<String, u32>,
 }
 
+/// The first `n` entries of the per-token array `key` (`a`, when present), each through `conv`
+/// (`None`: the entry is not `what`).
+fn per_token<T>(
+    a: Option<&Vec<gguf_file::Value>>,
+    key: &str,
+    n: usize,
+    what: &str,
+    conv: impl Fn(&gguf_file::Value) -> Option<T>,
+) -> Result<Option<Vec<T>>> {
+    let Some(a) = a else { return Ok(None) };
+    if a.len() < n {
+        return Err(tok_err(format!(
+            "{key} has {} entries for {n} tokens",
+            a.len()
+        )));
+    }
+    a[..n]
+        .iter()
+        .enumerate()
+        .map(|(i, v)| conv(v).ok_or_else(|| tok_err(format!("{key}[{i}] is not {what}"))))
+        .collect::<Result<Vec<T>>>()
+        .map(Some)
+}
+
 impl Vocab {
     /// `tokenizer.ggml.{tokens,token_type}`, and for SentencePiece (`spm`) `tokenizer.ggml.scores`
     /// and the text-to-id map (else `scores` and `ids` stay empty).
@@ -94,40 +118,21 @@ impl Vocab {
                 _ => return Err(tok_err(format!("{TOKENS}[{i}] is not a string"))),
             }
         }
-        let mut scores = Vec::new();
-        if spm {
-            scores = vec![0.0f32; n];
-            if let Some(a) = array(SCORES)? {
-                if a.len() < n {
-                    return Err(tok_err(format!(
-                        "{SCORES} has {} entries for {n} tokens",
-                        a.len()
-                    )));
-                }
-                for (i, (v, s)) in a.iter().zip(scores.iter_mut()).enumerate() {
-                    *s = match v {
-                        gguf_file::Value::F32(x) if !x.is_nan() => *x + 0.0, // -0.0 -> 0.0
-                        gguf_file::Value::I32(x) => *x as f32,
-                        _ => return Err(tok_err(format!("{SCORES}[{i}] is not a number"))),
-                    };
-                }
-            }
-        }
-        let mut kinds = vec![kind::NORMAL; n];
-        if let Some(a) = array(TYPES)? {
-            if a.len() < n {
-                return Err(tok_err(format!(
-                    "{TYPES} has {} entries for {n} tokens",
-                    a.len()
-                )));
-            }
-            for (i, (v, k)) in a.iter().zip(kinds.iter_mut()).enumerate() {
-                *k = match v {
-                    gguf_file::Value::I32(x) => *x,
-                    _ => return Err(tok_err(format!("{TYPES}[{i}] is not an i32"))),
-                };
-            }
-        }
+        let scores = if spm {
+            per_token(array(SCORES)?, SCORES, n, "a number", |v| match v {
+                gguf_file::Value::F32(x) if !x.is_nan() => Some(*x + 0.0), // -0.0 -> 0.0
+                gguf_file::Value::I32(x) => Some(*x as f32),
+                _ => None,
+            })?
+            .unwrap_or_else(|| vec![0.0; n])
+        } else {
+            Vec::new()
+        };
+        let mut kinds = per_token(array(TYPES)?, TYPES, n, "an i32", |v| match v {
+            gguf_file::Value::I32(x) => Some(*x),
+            _ => None,
+        })?
+        .unwrap_or_else(|| vec![kind::NORMAL; n]);
         let mut ids = HashMap::new();
         if spm {
             ids.reserve(n);
