@@ -481,12 +481,16 @@ fn fused_error(reason: &str) -> crate::error::Error {
 fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let sum2 = xr.iter().map(|v| v * v).sum::<f32>();
-        let m = (sum2 / n as f32 + eps).sqrt();
+        let m = rms(xr, eps);
         for ((o, &v), &a) in or.iter_mut().zip(xr).zip(w) {
             *o = v / m * a;
         }
     }
+}
+
+/// `sqrt(sum(x^2) / n + eps)`, the sum taken in order.
+fn rms(x: &[f32], eps: f32) -> f32 {
+    (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt()
 }
 
 /// [`rms_norm_rows`] in place, per row of `w.len()` values (Gemma 3's q/k heads and its
@@ -494,7 +498,7 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     let n = w.len();
     for xr in x.chunks_exact_mut(n) {
-        let m = (xr.iter().map(|v| v * v).sum::<f32>() / n as f32 + eps).sqrt();
+        let m = rms(xr, eps);
         for (v, &a) in xr.iter_mut().zip(w) {
             *v = *v / m * a;
         }
