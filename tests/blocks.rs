@@ -11,26 +11,10 @@ mod common;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use common::*;
-use half::f16;
 use powerinfer::cpu::{dequantize_blocks, dot_row, BlockKind, PackedRows, QuantizedRow};
 use powerinfer::{QLinear, SimdLevel};
 use proptest::prelude::*;
-use rand::{rngs::StdRng, Rng, SeedableRng};
-
-/// `rows` rows of `cols` weights: random bytes, f16 fields finite in `[-scale, scale)`.
-fn random_rows(kind: BlockKind, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> {
-    let mut w: Vec<u8> = (0..rows * kind.row_bytes(cols))
-        .map(|_| rng.random())
-        .collect();
-    let scale = 1.0 / (cols as f32).sqrt();
-    for blk in w.chunks_exact_mut(kind.block_bytes()) {
-        for &at in kind.half_offsets() {
-            let v = f16::from_f32(rng.random_range(-scale..scale));
-            blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
-        }
-    }
-    w
-}
+use rand::{rngs::StdRng, SeedableRng};
 
 fn quantize(kind: BlockKind, x: &[f32], cols: usize) -> Vec<QuantizedRow> {
     let mut rows = Vec::new();

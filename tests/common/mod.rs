@@ -210,3 +210,23 @@ pub fn quantized(x: &[f32]) -> QuantizedRow {
     q.quantize(x);
     q
 }
+
+/// `rows` rows of `cols` weights: random bytes, f16 fields finite in `[-scale, scale)`.
+pub fn random_rows(
+    kind: powerinfer::cpu::BlockKind,
+    rows: usize,
+    cols: usize,
+    rng: &mut StdRng,
+) -> Vec<u8> {
+    let mut w: Vec<u8> = (0..rows * kind.row_bytes(cols))
+        .map(|_| rng.random())
+        .collect();
+    let scale = 1.0 / (cols as f32).sqrt();
+    for blk in w.chunks_exact_mut(kind.block_bytes()) {
+        for &at in kind.half_offsets() {
+            let v = half::f16::from_f32(rng.random_range(-scale..scale));
+            blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    w
+}

@@ -1,0 +1,150 @@
+//! The input-sparse quad product (`QuadMatrix`) against the dense packed product (`QLinear`) of
+//! the same matrix, 1 thread, at the FFN shapes of the real models (gate/up: `ffn x hidden`;
+//! down: `hidden x ffn`), for every block type the shape allows.
+//!
+//! `cargo bench --bench quads [-- FILTER]`, e.g. `-- 1536x8960/Q4_K`. Throughput is the bytes
+//! each product reads (the dense matrix; the sparse product's kept quads and their scales), so
+//! a sparse row's GB/s over the dense row's is the efficiency the kept bytes are read at. Kept
+//! fractions: all quads (`keep100`), half in random quads (`keep50`), half in runs of 8 quads
+//! (`keep50run8`, what a calibrated channel order gives). `BENCH_COPIES=N` cycles N copies of
+//! each matrix (past the last-level cache with enough copies, so every byte comes from DRAM);
+//! `BENCH_SHAPES=576x1536,...` picks the shapes (`hidden x ffn`).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use powerinfer::cpu::{
+    ActiveQuads, BlockKind, Kernels, PackedRows, QuadMatrix, QuantizedRow, QUAD, QUAD_ROWS,
+};
+use powerinfer::{QLinear, SimdLevel};
+use std::time::Duration;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Deterministic pseudo-random bytes.
+fn noise(n: usize, seed: u64) -> impl Iterator<Item = u64> {
+    let mut s = seed | 1;
+    (0..n).map(move |_| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    })
+}
+
+/// Random blocks with small finite scales (speed does not depend on the values).
+fn blocks(kind: BlockKind, rows: usize, cols: usize) -> Vec<u8> {
+    let mut w: Vec<u8> = noise(rows * kind.row_bytes(cols), 7)
+        .map(|v| v as u8)
+        .collect();
+    for b in w.chunks_exact_mut(kind.block_bytes()) {
+        for &at in kind.half_offsets() {
+            b[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        }
+    }
+    w
+}
+
+/// An input with every quad nonzero, then with half of them zeroed, one by one or in runs.
+fn input(cols: usize, drop_run: Option<usize>) -> Vec<f32> {
+    let mut x: Vec<f32> = noise(cols, 3)
+        .map(|v| (v % 2001) as f32 / 1000.0 - 1.0 + 0.0005)
+        .collect();
+    if let Some(run) = drop_run {
+        let flips: Vec<u64> = noise(cols, 11).collect();
+        for (i, r) in x.chunks_mut(QUAD * run).enumerate() {
+            if flips[i].is_multiple_of(2) {
+                r.fill(0.0);
+            }
+        }
+    }
+    x
+}
+
+fn shapes() -> Vec<(usize, usize)> {
+    let default = "576x1536,896x4864,1536x8960,4096x11008";
+    std::env::var("BENCH_SHAPES")
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .filter_map(|s| {
+            let (h, f) = s.split_once('x')?;
+            Some((h.parse().ok()?, f.parse().ok()?))
+        })
+        .collect()
+}
+
+fn products(c: &mut Criterion) {
+    let copies = env("BENCH_COPIES", 1).max(1);
+    let k = Kernels::new(SimdLevel::best()).unwrap();
+    for (hidden, ffn) in shapes() {
+        for (name, rows, cols) in [("gate", ffn, hidden), ("down", hidden, ffn)] {
+            let mut g = c.benchmark_group(format!("quads/{hidden}x{ffn}/{name}"));
+            g.sample_size(10)
+                .warm_up_time(Duration::from_millis(300))
+                .measurement_time(Duration::from_secs(1));
+            for kind in BlockKind::ALL {
+                if cols % kind.block_elems() != 0 {
+                    continue;
+                }
+                let w = blocks(kind, rows, cols);
+                let dense: Vec<QLinear> = (0..copies)
+                    .map(|_| {
+                        QLinear::from_packed(
+                            PackedRows::pack(kind, rows, cols, &w).unwrap(),
+                            None,
+                            1,
+                        )
+                        .unwrap()
+                    })
+                    .collect();
+                let quads: Vec<QuadMatrix> = (0..copies)
+                    .map(|_| QuadMatrix::from_blocks(kind, rows, cols, &w).unwrap())
+                    .collect();
+                let mut xq = QuantizedRow::default();
+                xq.quantize_for(&input(cols, None), kind.inputs());
+                let xs = [xq.clone()];
+                let (mut y, mut tmp) = (vec![0f32; rows], Vec::new());
+                g.throughput(Throughput::Bytes(
+                    (copies * kind.row_bytes(cols) * rows) as u64,
+                ));
+                g.bench_function(BenchmarkId::new(kind.name(), "dense"), |b| {
+                    b.iter(|| {
+                        for lin in &dense {
+                            lin.forward_quantized(&xs, &mut y, &mut tmp).unwrap()
+                        }
+                    })
+                });
+                let mut out = vec![0f32; quads[0].units() * QUAD_ROWS];
+                for (label, drop) in [
+                    ("keep100", None),
+                    ("keep50", Some(1)),
+                    ("keep50run8", Some(8)),
+                ] {
+                    xq.quantize_for(&input(cols, drop), kind.inputs());
+                    let mut a = ActiveQuads::default();
+                    a.of(kind, &xq);
+                    g.throughput(Throughput::Bytes((copies * quads[0].bytes_read(&a)) as u64));
+                    g.bench_function(BenchmarkId::new(kind.name(), label), |b| {
+                        b.iter(|| {
+                            for m in &quads {
+                                k.quads(m, 0..m.units(), &xq, &a, &mut out)
+                            }
+                        })
+                    });
+                }
+            }
+            g.finish();
+        }
+    }
+}
+
+#[allow(missing_docs)] // criterion_group! generates an undocumented function.
+mod group {
+    use super::*;
+    criterion_group!(benches, products);
+}
+use group::benches;
+criterion_main!(benches);

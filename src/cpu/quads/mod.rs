@@ -1,0 +1,504 @@
+//! Channel-quad matrices: input-sparse products `y = W x` over the file's GGUF blocks of every
+//! block type the dense decoder runs, reading only the input channels whose quantized value is
+//! nonzero, in skip units of four channels (a *quad*).
+//!
+//! A `rows x cols` matrix is stored in slabs of [`SLAB_ROWS`] rows (rows padded to
+//! [`QUAD_ROWS`]), each slab a matrix of its own, so that a product over one slab's rows reads
+//! its kept quads as one forward stream with gaps. A slab is stored block by block (32 columns,
+//! 256 for the K-quants). A block
+//! holds its per-row scale planes (one f16 value per row of the slab: Q4_0/Q5_0/Q8_0 `d`, Q4_1/Q5_1 `d, m`,
+//! Q4_K/Q5_K `d, dmin`, Q6_K `d`), then its scale groups (32 columns, 16 for Q6_K) in order. A
+//! group holds its per-row sub-block planes (Q4_K/Q5_K: the 6-bit scale and minimum as one byte
+//! each, `sc` then `m`; Q6_K: the `i8` scale) and then its quads. A quad is one contiguous run
+//! over the slab's rows: per 32 rows, one *unit* of
+//! - 64 bytes of low nibbles: byte `4 l + c` holds column `c` of row `l` in its low nibble and
+//!   of row `l + 16` in its high nibble, so the two nibble halves are 16 rows x 4 columns each,
+//!   the operand of one `vpdpbusd` against the quad's 4 input bytes;
+//! - Q5 types: two `u64` masks of the fifth bit (rows 0-15, then 16-31; bit `4 l + c`);
+//! - Q6_K: those two masks, then two of the sixth bit;
+//! - Q8_0 instead: 128 bytes, rows 0-15 then 16-31, each value offset by 128 (`w ^ 0x80`).
+//!
+//! Values are stored unsigned: `u = q + offset` with ggml's offsets (Q4_0 8, Q5_0 16, Q8_0 128,
+//! Q6_K 32, none for the types with a minimum), which come back out as `offset * sum(x)` over
+//! the group. Every weight keeps the file's value; only the K-quants' packed 6-bit scales are
+//! widened to a byte each (Q4_K 148 bytes per 256 weights instead of 144, Q5_K 180 instead of
+//! 176).
+//!
+//! A skipped quad is one run per slab never read (2 bytes per row for 4-bit types), a group
+//! without a kept quad skips its planes too, and a block without one is not touched.
+//!
+//! The product is exact per row and group in integers and scaled in the dense kernel's order
+//! ([`crate::cpu::dot_row`]): over an input whose skipped quads are zero, it equals the dense
+//! product of that input bit for bit (up to the sign of a zero sum), on every tier and row split.
+
+use std::ops::Range;
+
+use half::f16;
+
+use super::blocks::{self, BlockKind, QK_K};
+use super::quant::{QuantizedRow, QK};
+use crate::error::{Error, Result};
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
+
+/// Input channels per skip unit.
+pub const QUAD: usize = 4;
+
+/// Rows per unit of a quad: rows are padded to a multiple of it, and threads split the rows by
+/// units.
+pub const QUAD_ROWS: usize = 32;
+
+/// Rows per slab. A slab's integer sums fit the kernels' stack arrays (8 KiB each, in L1), and
+/// one slab's kept quads are read as one forward stream: with quads over all rows, a product of
+/// Qwen2.5-1.5B's gate (8960 rows) jumped 18 KB after every 4 KB read and streamed DRAM at 80%
+/// of the rate it reaches on the down projection (1536 rows, one run per quad).
+pub const SLAB_ROWS: usize = 2048;
+
+/// How a block type sits in the quad layout.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Format {
+    /// Bits per stored value (4, 5, 6 or 8).
+    pub bits: u32,
+    /// Bytes of one unit (32 rows x 4 columns).
+    pub unit: usize,
+    /// Columns per scale group.
+    pub group: usize,
+    /// ggml's offset of the stored integers.
+    pub offset: i32,
+    /// f16 planes per block.
+    pub heads: usize,
+    /// Byte planes per group.
+    pub planes: usize,
+}
+
+pub(crate) const fn format(kind: BlockKind) -> Format {
+    let (bits, offset) = match kind {
+        BlockKind::Q4_0 => (4, 8),
+        BlockKind::Q4_1 | BlockKind::Q4K => (4, 0),
+        BlockKind::Q5_0 => (5, 16),
+        BlockKind::Q5_1 | BlockKind::Q5K => (5, 0),
+        BlockKind::Q6K => (6, 32),
+        BlockKind::Q8_0 => (8, 128),
+    };
+    let unit = match bits {
+        4 => 64,
+        5 => 80,
+        6 => 96,
+        _ => 128,
+    };
+    let (group, heads, planes) = match kind {
+        BlockKind::Q4_1 | BlockKind::Q5_1 => (QK, 2, 0),
+        BlockKind::Q4K | BlockKind::Q5K => (QK, 2, 2),
+        BlockKind::Q6K => (16, 1, 1),
+        _ => (QK, 1, 0),
+    };
+    Format {
+        bits,
+        unit,
+        group,
+        offset,
+        heads,
+        planes,
+    }
+}
+
+/// A `rows x cols` matrix in channel quads (see the module docs).
+#[derive(Clone)]
+pub struct QuadMatrix {
+    kind: BlockKind,
+    rows: usize,
+    cols: usize,
+    /// `rows` rounded up to a multiple of [`QUAD_ROWS`].
+    pad: usize,
+    /// The slabs, one after another.
+    data: Vec<u8>,
+}
+
+impl std::fmt::Debug for QuadMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuadMatrix")
+            .field("kind", &self.kind)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+/// Where the parts of a block, group and quad lie (byte offsets into the data).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Offsets {
+    pub pad: usize,
+    pub quad: usize,
+    pub group: usize,
+    pub head: usize,
+    pub block: usize,
+    pub groups_per_block: usize,
+    pub quads_per_group: usize,
+}
+
+impl Offsets {
+    fn new(kind: BlockKind, pad: usize) -> Self {
+        let f = format(kind);
+        let quad = pad / QUAD_ROWS * f.unit;
+        let quads_per_group = f.group / QUAD;
+        let group = f.planes * pad + quads_per_group * quad;
+        let head = 2 * f.heads * pad;
+        let groups_per_block = kind.block_elems() / f.group;
+        Offsets {
+            pad,
+            quad,
+            group,
+            head,
+            block: head + groups_per_block * group,
+            groups_per_block,
+            quads_per_group,
+        }
+    }
+
+    /// Where head plane `h` of block `b` starts.
+    pub fn head(&self, b: usize, h: usize) -> usize {
+        b * self.block + 2 * h * self.pad
+    }
+
+    /// Where byte plane `p` of group `g` (counted over the whole row) starts.
+    pub fn plane(&self, g: usize, p: usize) -> usize {
+        let (b, j) = (g / self.groups_per_block, g % self.groups_per_block);
+        b * self.block + self.head + j * self.group + p * self.pad
+    }
+
+    /// Where quad `q` (counted over the whole row) starts.
+    pub fn quad(&self, q: usize, planes: usize) -> usize {
+        let g = q / self.quads_per_group;
+        self.plane(g, planes) + (q % self.quads_per_group) * self.quad
+    }
+}
+
+/// Writes value `u` (unsigned, `bits` wide) of row `l` (of 32) and column `c` (of 4) into `unit`.
+fn put(bits: u32, unit: &mut [u8], l: usize, c: usize, u: u8) {
+    let lane = 4 * (l % 16) + c;
+    if bits == 8 {
+        unit[64 * (l / 16) + lane] = u;
+        return;
+    }
+    unit[lane] |= (u & 0xF) << (4 * (l / 16));
+    for bit in 4..bits {
+        if u >> bit & 1 == 1 {
+            let at = 64 + 16 * (bit as usize - 4) + 8 * (l / 16) + lane / 8;
+            unit[at] |= 1 << (lane % 8);
+        }
+    }
+}
+
+/// Reads back what [`put`] wrote.
+fn get(bits: u32, unit: &[u8], l: usize, c: usize) -> u8 {
+    let lane = 4 * (l % 16) + c;
+    if bits == 8 {
+        return unit[64 * (l / 16) + lane];
+    }
+    let mut u = (unit[lane] >> (4 * (l / 16))) & 0xF;
+    for bit in 4..bits {
+        let at = 64 + 16 * (bit as usize - 4) + 8 * (l / 16) + lane / 8;
+        u |= ((unit[at] >> (lane % 8)) & 1) << bit;
+    }
+    u
+}
+
+fn h16(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+impl QuadMatrix {
+    /// Lays out `rows` rows of `cols` weights given in GGUF's row-major block layout (`src` holds
+    /// `rows * kind.row_bytes(cols)` bytes; `cols` a positive multiple of the block size). A
+    /// non-finite scale or minimum is a typed error naming its row.
+    pub fn from_blocks(kind: BlockKind, rows: usize, cols: usize, src: &[u8]) -> Result<Self> {
+        if cols == 0 || !cols.is_multiple_of(kind.block_elems()) {
+            return Err(Error::shape(
+                "quad matrix columns (a positive multiple of the block size)",
+                &[None],
+                &[cols],
+            ));
+        }
+        let rb = kind.row_bytes(cols);
+        if src.len() != rows * rb {
+            return Err(Error::shape(
+                "quad matrix bytes (rows * row bytes)",
+                &[Some(rows * rb)],
+                &[src.len()],
+            ));
+        }
+        let bb = kind.block_bytes();
+        if let Some(at) = src.chunks_exact(bb).enumerate().find_map(|(i, blk)| {
+            let bad = kind
+                .half_offsets()
+                .iter()
+                .find(|&&at| !h16(blk, at).is_finite());
+            bad.map(|&at| i * bb + at)
+        }) {
+            return Err(Error::non_finite("quad matrix scales", at));
+        }
+        let pad = rows.div_ceil(QUAD_ROWS) * QUAD_ROWS;
+        let mut m = QuadMatrix {
+            kind,
+            rows,
+            cols,
+            pad,
+            data: Vec::new(),
+        };
+        let slabs = m.slabs();
+        m.data = vec![0u8; (0..slabs).map(|s| m.slab(s).1.block * m.blocks()).sum()];
+        let f = format(kind);
+        let heads: &[usize] = match kind {
+            BlockKind::Q6K => &[208],
+            _ => &[0, 2][..f.heads],
+        };
+        let mut ints = [0i32; QK_K];
+        for (r, row) in src.chunks_exact(rb.max(1)).enumerate() {
+            let (base, o) = m.slab(r / SLAB_ROWS);
+            let (r, data) = (r % SLAB_ROWS, &mut m.data[base..]);
+            for (b, blk) in row.chunks_exact(bb).enumerate() {
+                for (h, &at) in heads.iter().enumerate() {
+                    data[o.head(b, h) + 2 * r..][..2].copy_from_slice(&blk[at..at + 2]);
+                }
+                for j in 0..o.groups_per_block {
+                    let g = b * o.groups_per_block + j;
+                    match kind {
+                        BlockKind::Q4K | BlockKind::Q5K => {
+                            let (sc, mn) = blocks::scale_min_k4(j, &blk[4..16]);
+                            data[o.plane(g, 0) + r] = sc as u8;
+                            data[o.plane(g, 1) + r] = mn as u8;
+                        }
+                        BlockKind::Q6K => data[o.plane(g, 0) + r] = blk[192 + j],
+                        _ => {}
+                    }
+                }
+                blocks::block_ints(kind, blk, &mut ints);
+                for (i, &q) in ints[..kind.block_elems()].iter().enumerate() {
+                    let qd = (b * kind.block_elems() + i) / QUAD;
+                    let unit = o.quad(qd, f.planes) + r / QUAD_ROWS * f.unit;
+                    let u = (q + f.offset) as u8;
+                    put(
+                        f.bits,
+                        &mut data[unit..unit + f.unit],
+                        r % QUAD_ROWS,
+                        i % QUAD,
+                        u,
+                    );
+                }
+            }
+        }
+        Ok(m)
+    }
+
+    /// Slabs of [`SLAB_ROWS`] rows (the last one shorter).
+    pub(crate) fn slabs(&self) -> usize {
+        self.pad.div_ceil(SLAB_ROWS)
+    }
+
+    /// Where slab `s` starts in the data, and its offsets.
+    pub(crate) fn slab(&self, s: usize) -> (usize, Offsets) {
+        let full = Offsets::new(self.kind, SLAB_ROWS).block * self.blocks();
+        let rows = self.pad.saturating_sub(s * SLAB_ROWS).min(SLAB_ROWS);
+        (s * full, Offsets::new(self.kind, rows))
+    }
+
+    /// Blocks per row.
+    fn blocks(&self) -> usize {
+        self.cols / self.kind.block_elems()
+    }
+
+    /// The block type.
+    pub fn kind(&self) -> BlockKind {
+        self.kind
+    }
+
+    /// Rows (output features).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (input features).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Units of [`QUAD_ROWS`] rows: the granularity at which threads split the rows.
+    pub fn units(&self) -> usize {
+        self.pad / QUAD_ROWS
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Bytes a product over `active` reads: its quads, and the planes of the groups and blocks
+    /// they fall in.
+    pub fn bytes_read(&self, active: &ActiveQuads) -> usize {
+        // Per slab the same counts; the slabs' rows add up to `pad`.
+        let f = format(self.kind);
+        active.quads.len() * self.pad / QUAD_ROWS * f.unit
+            + active.groups * f.planes * self.pad
+            + active.blocks * 2 * f.heads * self.pad
+    }
+
+    pub(crate) fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// The stored (unsigned) value of row `r`, column `c`.
+    fn value(&self, r: usize, c: usize) -> i32 {
+        let f = format(self.kind);
+        let (base, o) = self.slab(r / SLAB_ROWS);
+        let r = r % SLAB_ROWS;
+        let unit = base + o.quad(c / QUAD, f.planes) + r / QUAD_ROWS * f.unit;
+        get(
+            f.bits,
+            &self.data[unit..unit + f.unit],
+            r % QUAD_ROWS,
+            c % QUAD,
+        ) as i32
+    }
+}
+
+/// The quads (4-channel groups) whose quantized input has a nonzero value, with the number of
+/// distinct scale groups and blocks they fall in: what a [`QuadMatrix`] product reads.
+#[derive(Debug, Clone, Default)]
+pub struct ActiveQuads {
+    pub(crate) quads: Vec<u32>,
+    pub(crate) groups: usize,
+    pub(crate) blocks: usize,
+}
+
+impl ActiveQuads {
+    /// The quads of `x` (quantized for `kind`: [`QuantizedRow::quantize_for`] with
+    /// `kind.inputs()`) with a nonzero value.
+    pub fn of(&mut self, kind: BlockKind, x: &QuantizedRow) {
+        let q = if kind.inputs().k { &x.k.q } else { &x.q };
+        let (group, block) = (format(kind).group / QUAD, kind.block_elems() / QUAD);
+        self.quads.clear();
+        (self.groups, self.blocks) = (0, 0);
+        let (mut last_g, mut last_b) = (usize::MAX, usize::MAX);
+        for (i, v) in q.chunks_exact(QUAD).enumerate() {
+            if v.iter().any(|&v| v != 0) {
+                self.quads.push(i as u32);
+                if i / group != last_g {
+                    (last_g, self.groups) = (i / group, self.groups + 1);
+                }
+                if i / block != last_b {
+                    (last_b, self.blocks) = (i / block, self.blocks + 1);
+                }
+            }
+        }
+    }
+
+    /// The active quads, ascending (quad `i` is channels `4 i .. 4 i + 4`).
+    pub fn quads(&self) -> &[u32] {
+        &self.quads
+    }
+
+    /// Distinct scale groups among them.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+
+    /// Distinct blocks among them.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+}
+
+/// The product's kernel: rows of units `units` of `m` against `x` over the `active` quads into
+/// `out` (`units.len() * 32` values, overwritten). `active` must hold every quad where `x` is
+/// nonzero (as [`ActiveQuads::of`] makes it); arguments that do not fit are cut to what fits.
+pub(crate) type QuadsFn = fn(&QuadMatrix, Range<usize>, &QuantizedRow, &ActiveQuads, &mut [f32]);
+
+/// What a product may compute: `units` cut to the matrix and to `out`, or `None` when `x` does
+/// not hold the matrix's input (a row quantized for another block type, or too short).
+pub(crate) fn clamp(
+    m: &QuadMatrix,
+    units: Range<usize>,
+    x: &QuantizedRow,
+    out: &[f32],
+) -> Option<Range<usize>> {
+    let held = match m.kind.inputs().k {
+        true => x.k.blocks() * QK_K == m.cols && x.k.q.len() == m.cols,
+        false => x.blocks() * QK == m.cols && x.q.len() == m.cols && x.sum.len() * QK == m.cols,
+    };
+    let end = units
+        .end
+        .min(m.units())
+        .min(units.start + out.len() / QUAD_ROWS);
+    held.then_some(units.start.min(end)..end)
+}
+
+/// Splits an ascending quad list into runs of one unit of `per` quads each (a group, a block).
+pub(crate) fn runs(quads: &[u32], per: usize) -> impl Iterator<Item = &[u32]> {
+    let per = per as u32;
+    quads.chunk_by(move |a, b| a / per == b / per)
+}
+
+/// The scalar reference of the product (see [`QuadsFn`]), written from the layout: per row and
+/// block the exact integer sums over the active quads, scaled as [`crate::cpu::dot_row`].
+pub(crate) fn product_scalar(
+    m: &QuadMatrix,
+    units: Range<usize>,
+    x: &QuantizedRow,
+    active: &ActiveQuads,
+    out: &mut [f32],
+) {
+    let Some(units) = clamp(m, units, x, out) else {
+        return;
+    };
+    let (kind, f) = (m.kind, format(m.kind));
+    let (qpg, qpb) = (f.group / QUAD, kind.block_elems() / QUAD);
+    let rows = units.start * QUAD_ROWS..units.end * QUAD_ROWS;
+    out[..rows.len()].fill(0.0);
+    for block in runs(&active.quads, qpb) {
+        let b = block[0] as usize / qpb;
+        for (o_r, r) in out.iter_mut().zip(rows.clone()) {
+            let (base, o) = m.slab(r / SLAB_ROWS);
+            let (data, lr) = (&m.data[base..], r % SLAB_ROWS);
+            let head = |h: usize| h16(data, o.head(b, h) + 2 * lr);
+            let isum = |quads: &[u32], xq: &[i8]| -> i32 {
+                quads
+                    .iter()
+                    .flat_map(|&q| (0..QUAD).map(move |c| 4 * q as usize + c))
+                    .map(|c| m.value(r, c) * xq[c] as i32)
+                    .sum()
+            };
+            let acc = *o_r;
+            *o_r = if kind.inputs().k {
+                let (mut sumi, mut summ) = (0i32, 0i32);
+                for group in runs(block, qpg) {
+                    let g = group[0] as usize / qpg;
+                    let s = isum(group, &x.k.q);
+                    let sc = data[o.plane(g, 0) + lr];
+                    if kind == BlockKind::Q6K {
+                        let bsum = x.k.bsum[g] as i32;
+                        sumi += sc as i8 as i32 * (s - f.offset * bsum);
+                    } else {
+                        let bsum = x.k.bsum[2 * g] as i32 + x.k.bsum[2 * g + 1] as i32;
+                        sumi += sc as i32 * s;
+                        summ += data[o.plane(g, 1) + lr] as i32 * bsum;
+                    }
+                }
+                let dx = x.k.d[b];
+                let acc = (sumi as f32).mul_add(head(0) * dx, acc);
+                match kind {
+                    BlockKind::Q6K => acc,
+                    _ => (-(summ as f32)).mul_add(head(1) * dx, acc),
+                }
+            } else {
+                let s = isum(block, &x.q) - f.offset * x.sum[b];
+                match kind {
+                    BlockKind::Q4_1 | BlockKind::Q5_1 => {
+                        acc + ((s as f32 * head(0)) * x.d[b] + head(1) * x.s[b])
+                    }
+                    _ => (s as f32).mul_add(head(0) * x.d[b], acc),
+                }
+            };
+        }
+    }
+}

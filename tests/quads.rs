@@ -1,0 +1,244 @@
+//! Channel-quad matrices (`QuadMatrix`) for input-sparse products of every block type: over an
+//! input whose skipped quads are zero, the product over the active quads is the dense per-row
+//! reference (`cpu::dot_row`) of that input, bit for bit, on every SIMD level and split of the
+//! rows; the bytes read are counted; bad weights and mismatched inputs are typed errors or
+//! computed as nothing, never a panic.
+//!
+//! Weights are random bytes with finite random scales (every bit pattern of the quants, high
+//! bits and packed 6-bit scales), so a kernel that misplaces a bit, a nibble or a scale fails.
+
+mod common;
+
+use common::*;
+use half::f16;
+use powerinfer::cpu::{
+    dot_row, ActiveQuads, BlockKind, Kernels, QuadMatrix, QuantizedRow, QUAD, QUAD_ROWS,
+};
+use powerinfer::{ErrorKind, SimdLevel};
+use proptest::prelude::*;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// `n` values with each quad zeroed with probability `drop`, in runs of `run` quads (a
+/// calibrated permutation clusters skipped channels; random drops do not).
+fn quad_masked(rng: &mut StdRng, n: usize, drop: f64, run: usize) -> Vec<f32> {
+    let mut x = values(rng, n, 2.0);
+    for r in x.chunks_mut(QUAD * run) {
+        if rng.random_bool(drop) {
+            r.fill(0.0);
+        }
+    }
+    x
+}
+
+/// The product of `tier` with the rows split at unit `split` (two "threads"), as bits.
+fn product_bits(
+    k: &Kernels,
+    m: &QuadMatrix,
+    x: &QuantizedRow,
+    a: &ActiveQuads,
+    split: usize,
+) -> Vec<u32> {
+    let u = m.units();
+    let split = split.min(u);
+    let mut out = vec![f32::NAN; u * QUAD_ROWS];
+    let (lo, hi) = out.split_at_mut(split * QUAD_ROWS);
+    k.quads(m, 0..split, x, a, lo);
+    k.quads(m, split..u, x, a, hi);
+    out[..m.rows()].iter().map(|v| v.to_bits()).collect()
+}
+
+fn check(
+    kind: BlockKind,
+    rows: usize,
+    cols: usize,
+    drop: f64,
+    run: usize,
+    split: usize,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let w = random_rows(kind, rows, cols, &mut rng);
+    let m = QuadMatrix::from_blocks(kind, rows, cols, &w).unwrap();
+    let mut xq = QuantizedRow::default();
+    xq.quantize_for(&quad_masked(&mut rng, cols, drop, run), kind.inputs());
+    let mut a = ActiveQuads::default();
+    a.of(kind, &xq);
+    let rb = kind.row_bytes(cols);
+    let want: Vec<u32> = w
+        .chunks_exact(rb)
+        .map(|row| dot_row(kind, row, &xq).to_bits())
+        .collect();
+    for tier in SimdLevel::supported() {
+        let k = Kernels::new(tier).unwrap();
+        let got = product_bits(&k, &m, &xq, &a, split);
+        assert_eq!(
+            got,
+            want,
+            "{kind} {rows}x{cols}, drop {drop} in runs of {run}, split {split}, {tier}, {} of {} quads",
+            a.quads().len(),
+            cols / QUAD
+        );
+    }
+}
+
+fn kind_and_cols() -> impl Strategy<Value = (BlockKind, usize)> {
+    (0usize..8, 1usize..4).prop_map(|(k, n)| {
+        let kind = BlockKind::ALL[k];
+        // 32-weight kinds: widths that are not a multiple of 256 too (Qwen2.5-0.5B: 896).
+        let blocks = if kind.block_elems() == 32 { 3 * n } else { n };
+        (kind, blocks * kind.block_elems())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #[test]
+    fn quad_product_is_the_masked_dense_product(
+        (kind, cols) in kind_and_cols(),
+        rows in 0usize..100,
+        drop in prop::sample::select(vec![0.0, 0.3, 0.7, 1.0]),
+        run in prop::sample::select(vec![1usize, 2, 8]),
+        split in 0usize..5,
+        seed in any::<u64>(),
+    ) {
+        check(kind, rows, cols, drop, run, split, seed);
+    }
+}
+
+/// Row counts around the unit (32) and AVX-512 (16) widths, every block type, all and some
+/// quads kept.
+#[test]
+fn edge_shapes() {
+    for kind in BlockKind::ALL {
+        for rows in [0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65] {
+            for drop in [0.0, 0.5, 1.0] {
+                check(kind, rows, kind.block_elems(), drop, 1, 1, rows as u64);
+                check(
+                    kind,
+                    rows,
+                    2 * kind.block_elems(),
+                    drop,
+                    3,
+                    0,
+                    rows as u64 + 7,
+                );
+            }
+        }
+    }
+}
+
+/// Two "threads" over a matrix of several passes of the kernel (2048 rows each).
+#[test]
+fn rows_past_one_pass() {
+    for kind in [
+        BlockKind::Q4_0,
+        BlockKind::Q5K,
+        BlockKind::Q6K,
+        BlockKind::Q8_0,
+    ] {
+        check(kind, 4100, 256, 0.5, 2, 70, 11);
+    }
+}
+
+#[test]
+fn bytes_read_counts_quads_planes_and_heads() {
+    let mut rng = StdRng::seed_from_u64(5);
+    for kind in BlockKind::ALL {
+        let (rows, cols) = (40, 2 * kind.block_elems());
+        let w = random_rows(kind, rows, cols, &mut rng);
+        let m = QuadMatrix::from_blocks(kind, rows, cols, &w).unwrap();
+        let mut xq = QuantizedRow::default();
+        let mut a = ActiveQuads::default();
+        xq.quantize_for(&values(&mut rng, cols, 1.0), kind.inputs());
+        a.of(kind, &xq);
+        assert_eq!(a.quads().len(), cols / QUAD, "{kind}");
+        assert_eq!(
+            m.bytes_read(&a),
+            m.bytes(),
+            "{kind}: every quad reads everything"
+        );
+        // One quad: its run, its group's planes and its block's heads.
+        let mut one = vec![0f32; cols];
+        one[5] = 1.0;
+        xq.quantize_for(&one, kind.inputs());
+        a.of(kind, &xq);
+        assert_eq!((a.quads(), a.groups(), a.blocks()), (&[1u32][..], 1, 1));
+        let pad = 64;
+        let (unit, heads, planes) = match kind {
+            BlockKind::Q4_0 => (64, 1, 0),
+            BlockKind::Q4_1 => (64, 2, 0),
+            BlockKind::Q8_0 => (128, 1, 0),
+            BlockKind::Q5_0 => (80, 1, 0),
+            BlockKind::Q5_1 => (80, 2, 0),
+            BlockKind::Q4K => (64, 2, 2),
+            BlockKind::Q5K => (80, 2, 2),
+            BlockKind::Q6K => (96, 1, 1),
+        };
+        let want = pad / QUAD_ROWS * unit + planes * pad + 2 * heads * pad;
+        assert_eq!(m.bytes_read(&a), want, "{kind}");
+    }
+}
+
+#[test]
+fn bad_weights_are_typed_errors() {
+    let mut rng = StdRng::seed_from_u64(9);
+    for kind in BlockKind::ALL {
+        let cols = kind.block_elems();
+        let w = random_rows(kind, 3, cols, &mut rng);
+        let e = QuadMatrix::from_blocks(kind, 3, cols + 1, &w).unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::Shape { .. }), "{kind}: {e}");
+        let e = QuadMatrix::from_blocks(kind, 3, 0, &w).unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::Shape { .. }), "{kind}: {e}");
+        let e = QuadMatrix::from_blocks(kind, 4, cols, &w).unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::Shape { .. }), "{kind}: {e}");
+        for &at in kind.half_offsets() {
+            let mut bad = w.clone();
+            let off = kind.row_bytes(cols) + at;
+            bad[off..off + 2].copy_from_slice(&f16::NAN.to_le_bytes());
+            let e = QuadMatrix::from_blocks(kind, 3, cols, &bad).unwrap_err();
+            assert!(
+                matches!(e.kind(), ErrorKind::NonFinite { index, .. } if *index == off),
+                "{kind}: {e}"
+            );
+        }
+    }
+}
+
+/// An input quantized for another block type or width computes nothing, and an output too
+/// short is cut: no panic, nothing written past what fits.
+#[test]
+fn mismatched_inputs_compute_nothing() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let w = random_rows(BlockKind::Q4K, 64, 256, &mut rng);
+    let m = QuadMatrix::from_blocks(BlockKind::Q4K, 64, 256, &w).unwrap();
+    let x = values(&mut rng, 256, 1.0);
+    let mut a = ActiveQuads::default();
+    for tier in SimdLevel::supported() {
+        let k = Kernels::new(tier).unwrap();
+        let mut xq = QuantizedRow::default();
+        xq.quantize_for(&x, BlockKind::Q4_0.inputs());
+        a.of(BlockKind::Q4_0, &xq);
+        let mut out = vec![7f32; 64];
+        k.quads(&m, 0..2, &xq, &a, &mut out);
+        assert!(
+            out.iter().all(|&v| v == 7.0),
+            "{tier}: 32-value input to Q4_K"
+        );
+        xq.quantize_for(&x[..255 / 32 * 32], BlockKind::Q4K.inputs());
+        a.of(BlockKind::Q4K, &xq);
+        k.quads(&m, 0..2, &xq, &a, &mut out);
+        assert!(out.iter().all(|&v| v == 7.0), "{tier}: short input");
+        xq.quantize_for(&x, BlockKind::Q4K.inputs());
+        a.of(BlockKind::Q4K, &xq);
+        let mut short = vec![7f32; 40];
+        k.quads(&m, 0..2, &xq, &a, &mut short);
+        assert!(
+            short[..32].iter().all(|&v| v != 7.0),
+            "{tier}: first unit computed"
+        );
+        assert!(
+            short[32..].iter().all(|&v| v == 7.0),
+            "{tier}: no partial unit"
+        );
+    }
+}
