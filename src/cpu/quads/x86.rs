@@ -100,9 +100,13 @@ impl<'a> Ahead<'a> {
         if self.at < self.quads.len() {
             let p = self.base.wrapping_add(self.off);
             // SAFETY: prefetches are hints and never fault; SSE is part of x86-64.
+            // A unit of 64 bytes needs one hint (its last byte's line: along the stream every
+            // line is some unit's last); longer units two.
             unsafe {
-                _mm_prefetch::<_MM_HINT_T1>(p.cast());
                 _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(self.f.unit - 1).cast());
+                if self.f.unit > 64 {
+                    _mm_prefetch::<_MM_HINT_T1>(p.cast());
+                }
             }
         }
         self.off += self.f.unit;
