@@ -481,7 +481,7 @@ pub(crate) fn dot_block(kind: BlockKind, blk: &[u8], x: &QuantizedRow, b: usize,
 }
 
 /// `w . x` for one row of GGUF blocks `w` (`kind.row_bytes(n)` bytes), the per-row reference of
-/// the packed product: blocks in order through [`dot_block`]. Blocks past what `x` holds are
+/// the packed product: blocks in order through `dot_block`. Blocks past what `x` holds are
 /// not read.
 pub fn dot_row(kind: BlockKind, w: &[u8], x: &QuantizedRow) -> f32 {
     let held = match kind.inputs().k {

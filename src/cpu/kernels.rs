@@ -11,9 +11,9 @@ use half::{bf16, f16};
 
 use std::ops::Range;
 
+use super::colblocks::{self, ActiveChannels, ColumnBlocks};
 use super::columns::{self, ActiveColumns, ColumnMatrix};
 use super::packed::{self, PackedRows};
-use super::quads::{self, ActiveQuads, QuadMatrix};
 use super::quant::{self, QuantKind, QuantizedRow};
 use super::simd::{self, Scalar};
 use super::split;
@@ -154,7 +154,7 @@ pub struct Kernels {
     axpy_q8_0: fn(&mut [f32], f32, &[u8]),
     pub(crate) gemm_q: GemmFn,
     pub(crate) columns_q: columns::ColumnsFn,
-    quads_q: quads::QuadsFn,
+    column_blocks_q: colblocks::ColumnBlocksFn,
     dot_qs: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
     dot2_qs: fn(QuantKind, [&[u8]; 2], &QuantizedRow) -> [f32; 2],
     axpy_qs: fn(&mut [f32], f32, &[u8]),
@@ -212,7 +212,7 @@ macro_rules! table {
             axpy_q8_0: quant::axpy_q8_0_scalar,
             gemm_q: packed::gemm_scalar,
             columns_q: columns::product_scalar,
-            quads_q: quads::product_scalar,
+            column_blocks_q: colblocks::product_scalar,
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
@@ -273,11 +273,12 @@ impl Kernels {
             k.axpy4_qs = |y, a, w| unsafe { split::x86::axpy4_avx512(y, a, w) };
             k.columns_q = |m, c, x, a, o| unsafe { columns::x86::product_vnni(m, c, x, a, o) };
         }
-        // The quad product also needs F16C and FMA (part of every x86 tier above scalar).
+        // The column-block product also needs VBMI (its gather), BMI2, F16C and FMA.
         #[cfg(target_arch = "x86_64")]
-        if tier == SimdLevel::Avx512 && has_vnni512() && SimdLevel::Avx2.is_supported() {
-            // SAFETY: AVX-512F/BW/VL/VNNI, F16C and FMA detected just above.
-            k.quads_q = |m, u, x, a, o| unsafe { quads::x86::product_vnni(m, u, x, a, o) };
+        if tier == SimdLevel::Avx512 && has_vnni512() && colblocks::x86::supported() {
+            // SAFETY: AVX-512F/BW/VL/VNNI detected by `has_vnni512`, the rest by `supported`.
+            k.column_blocks_q =
+                |m, u, x, a, o| unsafe { colblocks::x86::product_vnni(m, u, x, a, o) };
         }
         Ok(k)
     }
@@ -314,7 +315,7 @@ impl Kernels {
             axpy_q8_0: quant::axpy_q8_0_scalar,
             gemm_q: packed::gemm_scalar,
             columns_q: columns::product_scalar,
-            quads_q: quads::product_scalar,
+            column_blocks_q: colblocks::product_scalar,
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
@@ -322,21 +323,21 @@ impl Kernels {
         }
     }
 
-    /// `out = W x` for the rows of `m` in units `units` of [`crate::cpu::QUAD_ROWS`] rows (`out`
-    /// holds `units.len() * 32` values), reading only the quads in `active`, which must come from
-    /// `x` ([`ActiveQuads::of`]); `x` is the input quantized for the matrix's block type
-    /// ([`QuantizedRow::quantize_for`] with `kind.inputs()`). Over an input whose skipped quads are
-    /// zero this is the dense product of that input, bit for bit. Arguments that do not fit are
-    /// cut to what fits; an input quantized for another block type computes nothing.
-    pub fn quads(
+    /// `out = W x` for the rows of `m` in units `units` of [`crate::cpu::UNIT_ROWS`] rows (`out`
+    /// holds `units.len() * 32` values), reading only the channels in `active`, which must come
+    /// from `x` ([`ActiveChannels::of`]); `x` is the input quantized for the matrix's block type
+    /// ([`QuantizedRow::quantize_for`] with `kind.inputs()`). Over an input whose skipped
+    /// channels are zero this is the dense product of that input, bit for bit. Arguments that do
+    /// not fit are cut to what fits; an input quantized for another block type computes nothing.
+    pub fn column_blocks(
         &self,
-        m: &QuadMatrix,
+        m: &ColumnBlocks,
         units: Range<usize>,
         x: &QuantizedRow,
-        active: &ActiveQuads,
+        active: &ActiveChannels,
         out: &mut [f32],
     ) {
-        (self.quads_q)(m, units, x, active, out)
+        (self.column_blocks_q)(m, units, x, active, out)
     }
 
     /// `out = W x` for the rows of `m` in chunks `chunks` (`out` holds `chunks.len() * 64`

@@ -189,7 +189,7 @@ impl ReferenceTier {
     }
 
     /// Keeps every cached neuron used in the last `window` calls (see
-    /// [`NeuronCache::with_window`]); the default is 1.
+    /// [`NeuronCache::with_window`](super::NeuronCache::with_window)); the default is 1.
     pub fn with_cache_window(self, window: u64) -> Result<Self> {
         self.residency.set_window(window)?;
         Ok(self)

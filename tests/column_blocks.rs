@@ -1,28 +1,29 @@
-//! Channel-quad matrices (`QuadMatrix`) for input-sparse products of every block type: over an
-//! input whose skipped quads are zero, the product over the active quads is the dense per-row
-//! reference (`cpu::dot_row`) of that input, bit for bit, on every SIMD level and split of the
-//! rows; the bytes read are counted; bad weights and mismatched inputs are typed errors or
-//! computed as nothing, never a panic.
+//! Column-major GGUF blocks (`ColumnBlocks`) for input-sparse products of every block type: over
+//! an input whose skipped channels are zero, the product over the nonzero channels is the dense
+//! per-row reference (`cpu::dot_row`) of that input, bit for bit, on every SIMD level and split
+//! of the rows; the bytes read are counted; bad weights and mismatched inputs are typed errors
+//! or computed as nothing, never a panic.
 //!
 //! Weights are random bytes with finite random scales (every bit pattern of the quants, high
-//! bits and packed 6-bit scales), so a kernel that misplaces a bit, a nibble or a scale fails.
+//! bits and packed 6-bit scales), so a kernel that misplaces a bit, a nibble or a scale fails;
+//! kept channels come alone and in runs, so the gather of four channels sees every count and
+//! spacing.
 
 mod common;
 
 use common::*;
 use half::f16;
 use powerinfer::cpu::{
-    dot_row, ActiveQuads, BlockKind, Kernels, QuadMatrix, QuantizedRow, QUAD, QUAD_ROWS,
+    dot_row, ActiveChannels, BlockKind, ColumnBlocks, Kernels, QuantizedRow, UNIT_ROWS,
 };
 use powerinfer::{ErrorKind, SimdLevel};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-/// `n` values with each quad zeroed with probability `drop`, in runs of `run` quads (a
-/// calibrated permutation clusters skipped channels; random drops do not).
-fn quad_masked(rng: &mut StdRng, n: usize, drop: f64, run: usize) -> Vec<f32> {
+/// `n` values with runs of `run` channels zeroed with probability `drop` each.
+fn masked(rng: &mut StdRng, n: usize, drop: f64, run: usize) -> Vec<f32> {
     let mut x = values(rng, n, 2.0);
-    for r in x.chunks_mut(QUAD * run) {
+    for r in x.chunks_mut(run) {
         if rng.random_bool(drop) {
             r.fill(0.0);
         }
@@ -33,17 +34,17 @@ fn quad_masked(rng: &mut StdRng, n: usize, drop: f64, run: usize) -> Vec<f32> {
 /// The product of `tier` with the rows split at unit `split` (two "threads"), as bits.
 fn product_bits(
     k: &Kernels,
-    m: &QuadMatrix,
+    m: &ColumnBlocks,
     x: &QuantizedRow,
-    a: &ActiveQuads,
+    a: &ActiveChannels,
     split: usize,
 ) -> Vec<u32> {
     let u = m.units();
     let split = split.min(u);
-    let mut out = vec![f32::NAN; u * QUAD_ROWS];
-    let (lo, hi) = out.split_at_mut(split * QUAD_ROWS);
-    k.quads(m, 0..split, x, a, lo);
-    k.quads(m, split..u, x, a, hi);
+    let mut out = vec![f32::NAN; u * UNIT_ROWS];
+    let (lo, hi) = out.split_at_mut(split * UNIT_ROWS);
+    k.column_blocks(m, 0..split, x, a, lo);
+    k.column_blocks(m, split..u, x, a, hi);
     out[..m.rows()].iter().map(|v| v.to_bits()).collect()
 }
 
@@ -58,10 +59,10 @@ fn check(
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
     let w = random_rows(kind, rows, cols, &mut rng);
-    let m = QuadMatrix::from_blocks(kind, rows, cols, &w).unwrap();
+    let m = ColumnBlocks::from_blocks(kind, rows, cols, &w).unwrap();
     let mut xq = QuantizedRow::default();
-    xq.quantize_for(&quad_masked(&mut rng, cols, drop, run), kind.inputs());
-    let mut a = ActiveQuads::default();
+    xq.quantize_for(&masked(&mut rng, cols, drop, run), kind.inputs());
+    let mut a = ActiveChannels::default();
     a.of(kind, &xq);
     let rb = kind.row_bytes(cols);
     let want: Vec<u32> = w
@@ -74,9 +75,9 @@ fn check(
         assert_eq!(
             got,
             want,
-            "{kind} {rows}x{cols}, drop {drop} in runs of {run}, split {split}, {tier}, {} of {} quads",
-            a.quads().len(),
-            cols / QUAD
+            "{kind} {rows}x{cols}, drop {drop} in runs of {run}, split {split}, {tier}, {} of {} channels",
+            a.channels().len(),
+            cols
         );
     }
 }
@@ -93,11 +94,11 @@ fn kind_and_cols() -> impl Strategy<Value = (BlockKind, usize)> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
     #[test]
-    fn quad_product_is_the_masked_dense_product(
+    fn column_product_is_the_masked_dense_product(
         (kind, cols) in kind_and_cols(),
         rows in 0usize..100,
         drop in prop::sample::select(vec![0.0, 0.3, 0.7, 1.0]),
-        run in prop::sample::select(vec![1usize, 2, 8]),
+        run in prop::sample::select(vec![1usize, 3, 4, 8, 32]),
         split in 0usize..5,
         seed in any::<u64>(),
     ) {
@@ -106,7 +107,7 @@ proptest! {
 }
 
 /// Row counts around the unit (32) and AVX-512 (16) widths, every block type, all and some
-/// quads kept.
+/// channels kept.
 #[test]
 fn edge_shapes() {
     for kind in BlockKind::ALL {
@@ -127,7 +128,7 @@ fn edge_shapes() {
     }
 }
 
-/// Two "threads" over a matrix of several passes of the kernel (2048 rows each).
+/// Two "threads" over a matrix of two slabs (8192 rows each), split inside the first.
 #[test]
 fn rows_past_one_pass() {
     for kind in [
@@ -136,45 +137,46 @@ fn rows_past_one_pass() {
         BlockKind::Q6K,
         BlockKind::Q8_0,
     ] {
-        check(kind, 4100, 256, 0.5, 2, 70, 11);
+        check(kind, 8200, 256, 0.5, 2, 70, 11);
     }
 }
 
 #[test]
-fn bytes_read_counts_quads_planes_and_heads() {
+fn bytes_read_counts_columns_planes_and_heads() {
     let mut rng = StdRng::seed_from_u64(5);
     for kind in BlockKind::ALL {
         let (rows, cols) = (40, 2 * kind.block_elems());
         let w = random_rows(kind, rows, cols, &mut rng);
-        let m = QuadMatrix::from_blocks(kind, rows, cols, &w).unwrap();
+        let m = ColumnBlocks::from_blocks(kind, rows, cols, &w).unwrap();
         let mut xq = QuantizedRow::default();
-        let mut a = ActiveQuads::default();
-        xq.quantize_for(&values(&mut rng, cols, 1.0), kind.inputs());
+        let mut a = ActiveChannels::default();
+        let x: Vec<f32> = (0..cols).map(|i| 1.0 - (i % 7) as f32 * 0.1).collect();
+        xq.quantize_for(&x, kind.inputs());
         a.of(kind, &xq);
-        assert_eq!(a.quads().len(), cols / QUAD, "{kind}");
+        assert_eq!(a.channels().len(), cols, "{kind}");
         assert_eq!(
             m.bytes_read(&a),
             m.bytes(),
-            "{kind}: every quad reads everything"
+            "{kind}: every channel reads everything"
         );
-        // One quad: its run, its group's planes and its block's heads.
+        // One channel: its run, its group's planes and its block's heads.
         let mut one = vec![0f32; cols];
         one[5] = 1.0;
         xq.quantize_for(&one, kind.inputs());
         a.of(kind, &xq);
-        assert_eq!((a.quads(), a.groups(), a.blocks()), (&[1u32][..], 1, 1));
+        assert_eq!((a.channels(), a.groups(), a.blocks()), (&[5u32][..], 1, 1));
         let pad = 64;
         let (unit, heads, planes) = match kind {
-            BlockKind::Q4_0 => (64, 1, 0),
-            BlockKind::Q4_1 => (64, 2, 0),
-            BlockKind::Q8_0 => (128, 1, 0),
-            BlockKind::Q5_0 => (80, 1, 0),
-            BlockKind::Q5_1 => (80, 2, 0),
-            BlockKind::Q4K => (64, 2, 2),
-            BlockKind::Q5K => (80, 2, 2),
-            BlockKind::Q6K => (96, 1, 1),
+            BlockKind::Q4_0 => (16, 1, 0),
+            BlockKind::Q4_1 => (16, 2, 0),
+            BlockKind::Q8_0 => (32, 1, 0),
+            BlockKind::Q5_0 => (20, 1, 0),
+            BlockKind::Q5_1 => (20, 2, 0),
+            BlockKind::Q4K => (16, 2, 2),
+            BlockKind::Q5K => (20, 2, 2),
+            BlockKind::Q6K => (24, 1, 1),
         };
-        let want = pad / QUAD_ROWS * unit + planes * pad + 2 * heads * pad;
+        let want = pad / UNIT_ROWS * unit + planes * pad + 2 * heads * pad;
         assert_eq!(m.bytes_read(&a), want, "{kind}");
     }
 }
@@ -185,17 +187,17 @@ fn bad_weights_are_typed_errors() {
     for kind in BlockKind::ALL {
         let cols = kind.block_elems();
         let w = random_rows(kind, 3, cols, &mut rng);
-        let e = QuadMatrix::from_blocks(kind, 3, cols + 1, &w).unwrap_err();
+        let e = ColumnBlocks::from_blocks(kind, 3, cols + 1, &w).unwrap_err();
         assert!(matches!(e.kind(), ErrorKind::Shape { .. }), "{kind}: {e}");
-        let e = QuadMatrix::from_blocks(kind, 3, 0, &w).unwrap_err();
+        let e = ColumnBlocks::from_blocks(kind, 3, 0, &w).unwrap_err();
         assert!(matches!(e.kind(), ErrorKind::Shape { .. }), "{kind}: {e}");
-        let e = QuadMatrix::from_blocks(kind, 4, cols, &w).unwrap_err();
+        let e = ColumnBlocks::from_blocks(kind, 4, cols, &w).unwrap_err();
         assert!(matches!(e.kind(), ErrorKind::Shape { .. }), "{kind}: {e}");
         for &at in kind.half_offsets() {
             let mut bad = w.clone();
             let off = kind.row_bytes(cols) + at;
             bad[off..off + 2].copy_from_slice(&f16::NAN.to_le_bytes());
-            let e = QuadMatrix::from_blocks(kind, 3, cols, &bad).unwrap_err();
+            let e = ColumnBlocks::from_blocks(kind, 3, cols, &bad).unwrap_err();
             assert!(
                 matches!(e.kind(), ErrorKind::NonFinite { index, .. } if *index == off),
                 "{kind}: {e}"
@@ -210,28 +212,28 @@ fn bad_weights_are_typed_errors() {
 fn mismatched_inputs_compute_nothing() {
     let mut rng = StdRng::seed_from_u64(3);
     let w = random_rows(BlockKind::Q4K, 64, 256, &mut rng);
-    let m = QuadMatrix::from_blocks(BlockKind::Q4K, 64, 256, &w).unwrap();
+    let m = ColumnBlocks::from_blocks(BlockKind::Q4K, 64, 256, &w).unwrap();
     let x = values(&mut rng, 256, 1.0);
-    let mut a = ActiveQuads::default();
+    let mut a = ActiveChannels::default();
     for tier in SimdLevel::supported() {
         let k = Kernels::new(tier).unwrap();
         let mut xq = QuantizedRow::default();
         xq.quantize_for(&x, BlockKind::Q4_0.inputs());
         a.of(BlockKind::Q4_0, &xq);
         let mut out = vec![7f32; 64];
-        k.quads(&m, 0..2, &xq, &a, &mut out);
+        k.column_blocks(&m, 0..2, &xq, &a, &mut out);
         assert!(
             out.iter().all(|&v| v == 7.0),
             "{tier}: 32-value input to Q4_K"
         );
         xq.quantize_for(&x[..255 / 32 * 32], BlockKind::Q4K.inputs());
         a.of(BlockKind::Q4K, &xq);
-        k.quads(&m, 0..2, &xq, &a, &mut out);
+        k.column_blocks(&m, 0..2, &xq, &a, &mut out);
         assert!(out.iter().all(|&v| v == 7.0), "{tier}: short input");
         xq.quantize_for(&x, BlockKind::Q4K.inputs());
         a.of(BlockKind::Q4K, &xq);
         let mut short = vec![7f32; 40];
-        k.quads(&m, 0..2, &xq, &a, &mut short);
+        k.column_blocks(&m, 0..2, &xq, &a, &mut short);
         assert!(
             short[..32].iter().all(|&v| v != 7.0),
             "{tier}: first unit computed"

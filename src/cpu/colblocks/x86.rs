@@ -1,37 +1,47 @@
-//! The AVX-512 VNNI form of the quad product ([`super::QuadsFn`]).
+//! The AVX-512 VNNI form of the column-block product ([`super::ColumnBlocksFn`]).
 //!
-//! Rows go in passes over one slab each. In a pass, each kept quad is one contiguous run of
-//! `units x unit` bytes, read start to end: per 32 rows one `vpdpbusd` per 16 rows adds the
-//! quad's 4 products into the group's integer sums (an `i32` array on the stack, in L1). After
-//! a group the sums are scaled into the K-quants' per-block integer sums, after a block into the
-//! outputs, in the dense kernel's order. The kept quads form one stream with jumps, so the
-//! kernel asks for the bytes [`AHEAD`] further along that stream (not along memory), one hint
-//! per unit, as the dense kernel does along its records.
+//! Rows go in passes over one slab each. In a pass, a group's kept channels are taken four at a
+//! time: per 32 rows, the four channels' 16-byte units are loaded into one vector and one
+//! `vpermb` interleaves them into 16 rows x 4 channels of nibbles (the fifth and sixth bits are
+//! spread into byte masks with `pdep`), so one `vpdpbusd` per 16 rows adds the four products
+//! into the group's integer sums (an `i32` array on the stack). Up to 16 channels share one
+//! load and store of the sums. After a group the sums are scaled into the K-quants' per-block
+//! integer sums, after a block into the outputs, in the dense kernel's order. The kept channels
+//! form one stream with jumps, so the kernel asks for the bytes [`AHEAD`] further along that
+//! stream (not along memory), one hint per line, as the dense kernel does along its records.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{
-    clamp, format, runs, ActiveQuads, Format, Offsets, QuadMatrix, QUAD, QUAD_ROWS, SLAB_ROWS,
-};
+use super::{clamp, format, runs, ActiveChannels, ColumnBlocks, Format, Offsets};
+use super::{SLAB_ROWS, UNIT_ROWS};
 use crate::cpu::blocks::BlockKind;
 use crate::cpu::quant::QuantizedRow;
 
 /// Units per slab: a pass covers one slab's rows (or a thread's share of them).
-const SLAB_UNITS: usize = SLAB_ROWS / QUAD_ROWS;
+const SLAB_UNITS: usize = SLAB_ROWS / UNIT_ROWS;
 
-/// Bytes ahead, along the kept quads, that the kernel asks for (into L2), as the dense kernel's
-/// 16 KiB along its records.
+/// Bytes ahead, along the kept channels, that the kernel asks for (into L2), as the dense
+/// kernel's 16 KiB along its records.
 const AHEAD: usize = 16 * 1024;
 
+/// Whether this CPU has what the kernel needs besides AVX-512 VNNI: VBMI (`vpermb`), BMI2
+/// (`pdep`), F16C and FMA.
+pub(crate) fn supported() -> bool {
+    is_x86_feature_detected!("avx512vbmi")
+        && is_x86_feature_detected!("bmi2")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("fma")
+}
+
 /// # Safety
-/// The CPU must have AVX-512F, AVX-512BW, AVX-512VL, AVX-512 VNNI, F16C and FMA.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+/// The CPU must have AVX-512F/BW/VL/VNNI and what [`supported`] checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
 pub(crate) unsafe fn product_vnni(
-    m: &QuadMatrix,
+    m: &ColumnBlocks,
     units: Range<usize>,
     x: &QuantizedRow,
-    active: &ActiveQuads,
+    active: &ActiveChannels,
     out: &mut [f32],
 ) {
     // SAFETY: forwarded contract; one monomorphic kernel per value width.
@@ -45,19 +55,21 @@ pub(crate) unsafe fn product_vnni(
     }
 }
 
-/// A prefetch cursor [`AHEAD`] bytes along the stream of the kept quads' runs in one pass.
+/// A prefetch cursor [`AHEAD`] bytes along the stream of the kept channels' runs in one pass.
 struct Ahead<'a> {
-    quads: &'a [u32],
+    channels: &'a [u32],
     data: *const u8,
     o: Offsets,
     f: Format,
-    /// Where the pass starts in each quad (bytes).
+    /// Where the pass starts in each run (bytes).
     first: usize,
-    /// Bytes of one quad's run in the pass.
+    /// Bytes of one channel's run in the pass.
     run: usize,
     at: usize,
     off: usize,
     base: *const u8,
+    /// The line last asked for.
+    line: usize,
 }
 
 impl<'a> Ahead<'a> {
@@ -66,13 +78,13 @@ impl<'a> Ahead<'a> {
         data: *const u8,
         o: Offsets,
         f: Format,
-        quads: &'a [u32],
+        channels: &'a [u32],
         u0: usize,
         units: usize,
     ) -> Self {
         let run = (units * f.unit).max(1);
         let mut a = Ahead {
-            quads,
+            channels,
             data,
             o,
             f,
@@ -81,92 +93,118 @@ impl<'a> Ahead<'a> {
             at: AHEAD / run,
             off: AHEAD % run,
             base: std::ptr::null(),
+            line: 0,
         };
         a.locate();
         a
     }
 
-    /// Points `base` at the run of quad `at`, if there is one.
+    /// Points `base` at the run of channel `at`, if there is one.
     fn locate(&mut self) {
-        if let Some(&q) = self.quads.get(self.at) {
-            let at = self.o.quad(q as usize, self.f.planes) + self.first;
+        if let Some(&c) = self.channels.get(self.at) {
+            let at = self.o.column(c as usize, self.f.planes) + self.first;
             self.base = self.data.wrapping_add(at);
         }
     }
 
-    /// Asks for the next unit's bytes and moves one unit on.
+    /// Moves `bytes` on (at most a run) and asks for the line there if it is a new one (and
+    /// the line before it, when more than a line was passed).
     #[inline(always)]
-    fn step(&mut self) {
-        if self.at < self.quads.len() {
-            let p = self.base.wrapping_add(self.off);
-            // SAFETY: prefetches are hints and never fault; SSE is part of x86-64.
-            // A unit of 64 bytes needs one hint (its last byte's line: along the stream every
-            // line is some unit's last); longer units two.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(self.f.unit - 1).cast());
-                if self.f.unit > 64 {
-                    _mm_prefetch::<_MM_HINT_T1>(p.cast());
-                }
-            }
-        }
-        self.off += self.f.unit;
+    fn advance(&mut self, bytes: usize) {
+        self.off += bytes;
         if self.off >= self.run {
             self.off -= self.run;
             self.at += 1;
             self.locate();
         }
+        if self.at < self.channels.len() {
+            let p = self.base.wrapping_add(self.off);
+            if p as usize >> 6 != self.line {
+                self.line = p as usize >> 6;
+                // SAFETY: prefetches are hints and never fault; SSE is part of x86-64.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T1>(p.cast());
+                    if bytes > 64 {
+                        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_sub(64).cast());
+                    }
+                }
+            }
+        }
     }
 }
 
-/// A unit's 64 values of rows 0-15 and of rows 16-31, unsigned bytes.
+/// `vpermb` indices interleaving four 16-byte units (one per channel) into 16 rows x 4
+/// channels: byte `4 l + c` takes byte `l` of unit `c`.
+const INTERLEAVE: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = (16 * (i % 4) + i / 4) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Bits `4 l` of a 64-bit mask (shifted by `c` for channel `c`).
+const SPREAD: u64 = 0x1111_1111_1111_1111;
+
+/// The values of rows 0-15 and 16-31 of four channels' units at `p`, as unsigned bytes in
+/// `vpdpbusd` order (lane `4 l + c`: row `l`, channel `c`).
 #[inline(always)]
-unsafe fn unit_values<const BITS: u32>(p: *const u8) -> (__m512i, __m512i) {
-    // SAFETY: the caller passes a whole unit (`format(kind).unit` bytes).
+unsafe fn gather<const BITS: u32>(p: [*const u8; 4], idx: __m512i) -> (__m512i, __m512i) {
+    // SAFETY: the caller passes four whole units.
     unsafe {
+        let four = |off: usize| {
+            let v = _mm512_castsi128_si512(_mm_loadu_si128(p[0].add(off).cast()));
+            let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p[1].add(off).cast()));
+            let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p[2].add(off).cast()));
+            let v = _mm512_inserti32x4::<3>(v, _mm_loadu_si128(p[3].add(off).cast()));
+            _mm512_permutexvar_epi8(idx, v)
+        };
         if BITS == 8 {
-            return (
-                _mm512_loadu_si512(p.cast()),
-                _mm512_loadu_si512(p.add(64).cast()),
-            );
+            return (four(0), four(16));
         }
-        let v = _mm512_loadu_si512(p.cast());
+        let v = four(0);
         let low = _mm512_set1_epi8(0x0F);
         let mut lo = _mm512_and_si512(v, low);
         let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-        let mask = |at: usize| p.add(at).cast::<u64>().read_unaligned();
-        if BITS >= 5 {
-            let b = _mm512_set1_epi8(0x10);
-            lo = _mm512_mask_add_epi8(lo, mask(64), lo, b);
-            hi = _mm512_mask_add_epi8(hi, mask(72), hi, b);
-        }
-        if BITS == 6 {
-            let b = _mm512_set1_epi8(0x20);
-            lo = _mm512_mask_add_epi8(lo, mask(80), lo, b);
-            hi = _mm512_mask_add_epi8(hi, mask(88), hi, b);
+        for plane in 0..BITS as usize - 4 {
+            let (mut mlo, mut mhi) = (0u64, 0u64);
+            for (c, p) in p.iter().enumerate() {
+                let w = p.add(16 + 4 * plane).cast::<u32>().read_unaligned() as u64;
+                mlo |= _pdep_u64(w & 0xFFFF, SPREAD << c);
+                mhi |= _pdep_u64(w >> 16, SPREAD << c);
+            }
+            let b = _mm512_set1_epi8(0x10 << plane);
+            lo = _mm512_mask_add_epi8(lo, mlo, lo, b);
+            hi = _mm512_mask_add_epi8(hi, mhi, hi, b);
         }
         (lo, hi)
     }
 }
 
-/// Adds (or, `FIRST`, stores) the products of `N` quads of one group over `units` units from
-/// `src` into `isum`: one load and store of the sums per unit for all `N`.
+/// Adds (or, `FIRST`, stores) the products of `N` gathers of four channels of one group over
+/// `units` units into `isum` (`real`: the channels among them that are not padding, for the
+/// prefetch cursor, which moves `real` units per unit of rows).
 #[inline(always)]
-unsafe fn quad_pass<const BITS: u32, const N: usize, const FIRST: bool>(
-    src: [*const u8; N],
+#[allow(clippy::too_many_arguments)]
+unsafe fn pass<const BITS: u32, const N: usize, const FIRST: bool>(
+    src: [[*const u8; 4]; N],
+    xb: [__m512i; N],
+    real: usize,
     units: usize,
     unit: usize,
-    xb: [__m512i; N],
     isum: *mut i32,
     ahead: &mut Ahead,
 ) {
+    // SAFETY: a constant table of 64 bytes.
+    let idx = unsafe { _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()) };
     for k in 0..units {
-        for _ in 0..N {
-            ahead.step();
-        }
+        ahead.advance(real * unit);
         // SAFETY: each `src` starts a run of `units` whole units; `isum` holds `32 units`
         // values.
         unsafe {
-            let a = isum.add(QUAD_ROWS * k);
+            let a = isum.add(UNIT_ROWS * k);
             let (mut a0, mut a1) = match FIRST {
                 true => (_mm512_setzero_si512(), _mm512_setzero_si512()),
                 false => (
@@ -175,7 +213,7 @@ unsafe fn quad_pass<const BITS: u32, const N: usize, const FIRST: bool>(
                 ),
             };
             for j in 0..N {
-                let (lo, hi) = unit_values::<BITS>(src[j].add(k * unit));
+                let (lo, hi) = gather::<BITS>(src[j].map(|p| p.add(k * unit)), idx);
                 a0 = _mm512_dpbusd_epi32(a0, lo, xb[j]);
                 a1 = _mm512_dpbusd_epi32(a1, hi, xb[j]);
             }
@@ -185,11 +223,13 @@ unsafe fn quad_pass<const BITS: u32, const N: usize, const FIRST: bool>(
     }
 }
 
-/// [`quad_pass`] over up to 4 quads, with their input bytes from `xq`.
+/// [`pass`] over up to 16 channels of one group (`run(c)`: where channel `c`'s run starts in
+/// the pass), with their input bytes from `xq`; channels past a multiple of four are padded
+/// with the first one against an input byte of 0.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn quads_pass<const BITS: u32>(
-    quads: &[u32],
+unsafe fn channels_pass<const BITS: u32>(
+    channels: &[u32],
     first: bool,
     run: impl Fn(usize) -> *const u8,
     xq: &[i8],
@@ -198,30 +238,31 @@ unsafe fn quads_pass<const BITS: u32>(
     isum: *mut i32,
     ahead: &mut Ahead,
 ) {
-    let x = |i: usize| {
-        let q = 4 * quads[i] as usize;
-        let b = i32::from_le_bytes([
-            xq[q] as u8,
-            xq[q + 1] as u8,
-            xq[q + 2] as u8,
-            xq[q + 3] as u8,
-        ]);
+    let four = |j: usize| {
+        let mut src = [run(channels[0] as usize); 4];
+        let mut x = [0u8; 4];
+        for (i, &c) in channels.iter().skip(4 * j).take(4).enumerate() {
+            src[i] = run(c as usize);
+            x[i] = xq[c as usize] as u8;
+        }
         // SAFETY: register-only AVX-512F; the caller runs with it.
-        unsafe { _mm512_set1_epi32(b) }
+        (src, unsafe { _mm512_set1_epi32(i32::from_le_bytes(x)) })
     };
-    let src = |i: usize| run(quads[i] as usize);
+    let real = channels.len();
     macro_rules! pass {
-        ($n:literal, $($i:literal),+) => {
+        ($n:literal, $($j:literal),+) => {{
+            let g = [$(four($j)),+];
+            let (src, xb) = (g.map(|g| g.0), g.map(|g| g.1));
             // SAFETY: forwarded contract.
             unsafe {
                 match first {
-                    true => quad_pass::<BITS, $n, true>([$(src($i)),+], units, unit, [$(x($i)),+], isum, ahead),
-                    false => quad_pass::<BITS, $n, false>([$(src($i)),+], units, unit, [$(x($i)),+], isum, ahead),
+                    true => pass::<BITS, $n, true>(src, xb, real, units, unit, isum, ahead),
+                    false => pass::<BITS, $n, false>(src, xb, real, units, unit, isum, ahead),
                 }
             }
-        };
+        }};
     }
-    match quads.len() {
+    match channels.len().div_ceil(4) {
         1 => pass!(1, 0),
         2 => pass!(2, 0, 1),
         3 => pass!(3, 0, 1, 2),
@@ -246,12 +287,12 @@ unsafe fn neg(v: __m512) -> __m512 {
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
 unsafe fn vnni<const BITS: u32>(
-    m: &QuadMatrix,
+    m: &ColumnBlocks,
     units: Range<usize>,
     x: &QuantizedRow,
-    active: &ActiveQuads,
+    active: &ActiveChannels,
     out: &mut [f32],
 ) {
     let Some(units) = clamp(m, units, x, out) else {
@@ -259,7 +300,7 @@ unsafe fn vnni<const BITS: u32>(
     };
     let (kind, f) = (m.kind(), format(m.kind()));
     let xq: &[i8] = if kind.inputs().k { &x.k.q } else { &x.q };
-    let (qpg, qpb) = (f.group / QUAD, kind.block_elems() / QUAD);
+    let (per_group, per_block) = (f.group, kind.block_elems());
     let (mut isum, mut sumi, mut summ) = ([0i32; SLAB_ROWS], [0i32; SLAB_ROWS], [0i32; SLAB_ROWS]);
     let mut u = units.start;
     while u < units.end {
@@ -267,26 +308,26 @@ unsafe fn vnni<const BITS: u32>(
         let end = ((s + 1) * SLAB_UNITS).min(units.end);
         let (base, o) = m.slab(s);
         let data = m.data()[base..].as_ptr();
-        let (u0, n) = (u - s * SLAB_UNITS, (end - u) * QUAD_ROWS);
-        let row0 = u0 * QUAD_ROWS;
-        let acc = &mut out[(u - units.start) * QUAD_ROWS..][..n];
+        let (u0, n) = (u - s * SLAB_UNITS, (end - u) * UNIT_ROWS);
+        let row0 = u0 * UNIT_ROWS;
+        let acc = &mut out[(u - units.start) * UNIT_ROWS..][..n];
         acc.fill(0.0);
-        let mut ahead = Ahead::new(data, o, f, &active.quads, u0, end - u);
-        for block in runs(&active.quads, qpb) {
-            let b = block[0] as usize / qpb;
-            for (gi, group) in runs(block, qpg).enumerate() {
-                let run = |q: usize| data.wrapping_add(o.quad(q, f.planes) + u0 * f.unit);
-                for (i, quads) in group.chunks(4).enumerate() {
+        let mut ahead = Ahead::new(data, o, f, &active.channels, u0, end - u);
+        for block in runs(&active.channels, per_block) {
+            let b = block[0] as usize / per_block;
+            for (gi, group) in runs(block, per_group).enumerate() {
+                let run = |c: usize| data.wrapping_add(o.column(c, f.planes) + u0 * f.unit);
+                for (i, chans) in group.chunks(16).enumerate() {
                     let s = isum.as_mut_ptr();
-                    // SAFETY: the slab's run of each quad holds `o.pad / 32` units, of which
+                    // SAFETY: the slab's run of each channel holds `o.pad / 32` units, of which
                     // `u0..u0 + n / 32` are read; `isum` holds `SLAB_ROWS >= n` values.
                     unsafe {
-                        quads_pass::<BITS>(
-                            quads,
+                        channels_pass::<BITS>(
+                            chans,
                             i == 0,
                             run,
                             xq,
-                            n / QUAD_ROWS,
+                            n / UNIT_ROWS,
                             f.unit,
                             s,
                             &mut ahead,
@@ -294,7 +335,7 @@ unsafe fn vnni<const BITS: u32>(
                     }
                 }
                 if kind.inputs().k {
-                    let g = group[0] as usize / qpg;
+                    let g = group[0] as usize / per_group;
                     let planes = [o.plane(g, 0) + row0, o.plane(g, 1) + row0];
                     // SAFETY: a group's planes hold a byte per row of the slab, rows
                     // `row0..row0 + n` inside; the arrays hold `n` values.

@@ -1,22 +1,21 @@
-//! Channel-quad matrices: input-sparse products `y = W x` over the file's GGUF blocks of every
-//! block type the dense decoder runs, reading only the input channels whose quantized value is
-//! nonzero, in skip units of four channels (a *quad*).
+//! Column-major GGUF blocks of every block type the dense decoder runs, for input-sparse
+//! products `y = W x` that read only the input channels (columns) whose quantized value is
+//! nonzero: the skip unit is one channel.
 //!
 //! A `rows x cols` matrix is stored in slabs of [`SLAB_ROWS`] rows (rows padded to
-//! [`QUAD_ROWS`]), each slab a matrix of its own, so that a product over one slab's rows reads
-//! its kept quads as one forward stream with gaps. A slab is stored block by block (32 columns,
-//! 256 for the K-quants). A block
-//! holds its per-row scale planes (one f16 value per row of the slab: Q4_0/Q5_0/Q8_0 `d`, Q4_1/Q5_1 `d, m`,
-//! Q4_K/Q5_K `d, dmin`, Q6_K `d`), then its scale groups (32 columns, 16 for Q6_K) in order. A
-//! group holds its per-row sub-block planes (Q4_K/Q5_K: the 6-bit scale and minimum as one byte
-//! each, `sc` then `m`; Q6_K: the `i8` scale) and then its quads. A quad is one contiguous run
-//! over the slab's rows: per 32 rows, one *unit* of
-//! - 64 bytes of low nibbles: byte `4 l + c` holds column `c` of row `l` in its low nibble and
-//!   of row `l + 16` in its high nibble, so the two nibble halves are 16 rows x 4 columns each,
-//!   the operand of one `vpdpbusd` against the quad's 4 input bytes;
-//! - Q5 types: two `u64` masks of the fifth bit (rows 0-15, then 16-31; bit `4 l + c`);
-//! - Q6_K: those two masks, then two of the sixth bit;
-//! - Q8_0 instead: 128 bytes, rows 0-15 then 16-31, each value offset by 128 (`w ^ 0x80`).
+//! [`UNIT_ROWS`]), each slab a matrix of its own, so that a product over one slab's rows reads
+//! its kept channels as one forward stream with gaps. A slab is stored block by block (32
+//! columns, 256 for the K-quants). A block holds its per-row scale planes (one f16 value per row
+//! of the slab: Q4_0/Q5_0/Q8_0 `d`, Q4_1/Q5_1 `d, m`, Q4_K/Q5_K `d, dmin`, Q6_K `d`), then its
+//! scale groups (32 columns, 16 for Q6_K) in order. A group holds its per-row sub-block planes
+//! (Q4_K/Q5_K: the 6-bit scale and minimum as one byte each, `sc` then `m`; Q6_K: the `i8`
+//! scale) and then its columns. A column is one contiguous run over the slab's rows: per 32
+//! rows, one *unit* of
+//! - 16 bytes of nibbles: byte `l` holds row `l` in its low nibble and row `l + 16` in its high
+//!   nibble;
+//! - Q5 types: a `u32` of the rows' fifth bits (bit `l`: row `l`); Q6_K: that, then one of the
+//!   sixth bits;
+//! - Q8_0 instead: 32 bytes, one per row, offset by 128 (`w ^ 0x80`).
 //!
 //! Values are stored unsigned: `u = q + offset` with ggml's offsets (Q4_0 8, Q5_0 16, Q8_0 128,
 //! Q6_K 32, none for the types with a minimum), which come back out as `offset * sum(x)` over
@@ -24,12 +23,18 @@
 //! widened to a byte each (Q4_K 148 bytes per 256 weights instead of 144, Q5_K 180 instead of
 //! 176).
 //!
-//! A skipped quad is one run per slab never read (2 bytes per row for 4-bit types), a group
-//! without a kept quad skips its planes too, and a block without one is not touched.
+//! The skip unit is one channel because the channels of an activation are small or large
+//! independently of each other: a fixed grouping of channels into skip units (even after sorting
+//! each scale group's channels by their mean magnitude) drops 4-5 times the input's energy at
+//! the same sparsity (Qwen2.5-Coder-0.5B, 40%: 12.8% of `x`'s energy against 2.7%). A skipped
+//! channel is one run per slab never read (16 bytes per 32 rows for the 4-bit types), a group
+//! without a kept channel skips its planes too, and a block without one is not touched. The
+//! SIMD kernel gathers four kept channels of a group at a time into the operand of `vpdpbusd`
+//! (16 rows x 4 channels per vector, see `x86`).
 //!
 //! The product is exact per row and group in integers and scaled in the dense kernel's order
-//! ([`crate::cpu::dot_row`]): over an input whose skipped quads are zero, it equals the dense
-//! product of that input bit for bit (up to the sign of a zero sum), on every tier and row split.
+//! ([`crate::cpu::dot_row`]): over an input whose skipped channels are zero, it equals the dense
+//! product of that input bit for bit, on every tier and row split.
 
 use std::ops::Range;
 
@@ -42,25 +47,22 @@ use crate::error::{Error, Result};
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
-/// Input channels per skip unit.
-pub const QUAD: usize = 4;
+/// Rows per unit of a column: rows are padded to a multiple of it, and threads split the rows
+/// by units.
+pub const UNIT_ROWS: usize = 32;
 
-/// Rows per unit of a quad: rows are padded to a multiple of it, and threads split the rows by
-/// units.
-pub const QUAD_ROWS: usize = 32;
+/// Rows per slab. A slab's integer sums fit the kernels' stack arrays (32 KiB each, in L2), and
+/// one slab's kept channels are read as one forward stream with gaps. Longer runs stream DRAM
+/// better: on Qwen2.5-1.5B's gate (8960 rows, 60% of the channels kept) 8192-row slabs read
+/// 73-75% of the dense kernel's GB/s, 4096-row slabs 70-72%, 2048-row slabs less.
+pub const SLAB_ROWS: usize = 8192;
 
-/// Rows per slab. A slab's integer sums fit the kernels' stack arrays (8 KiB each, in L1), and
-/// one slab's kept quads are read as one forward stream: with quads over all rows, a product of
-/// Qwen2.5-1.5B's gate (8960 rows) jumped 18 KB after every 4 KB read and streamed DRAM at 80%
-/// of the rate it reaches on the down projection (1536 rows, one run per quad).
-pub const SLAB_ROWS: usize = 2048;
-
-/// How a block type sits in the quad layout.
+/// How a block type sits in the column layout.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Format {
     /// Bits per stored value (4, 5, 6 or 8).
     pub bits: u32,
-    /// Bytes of one unit (32 rows x 4 columns).
+    /// Bytes of one unit (32 rows of a column).
     pub unit: usize,
     /// Columns per scale group.
     pub group: usize,
@@ -82,10 +84,10 @@ pub(crate) const fn format(kind: BlockKind) -> Format {
         BlockKind::Q8_0 => (8, 128),
     };
     let unit = match bits {
-        4 => 64,
-        5 => 80,
-        6 => 96,
-        _ => 128,
+        4 => 16,
+        5 => 20,
+        6 => 24,
+        _ => 32,
     };
     let (group, heads, planes) = match kind {
         BlockKind::Q4_1 | BlockKind::Q5_1 => (QK, 2, 0),
@@ -103,21 +105,22 @@ pub(crate) const fn format(kind: BlockKind) -> Format {
     }
 }
 
-/// A `rows x cols` matrix in channel quads (see the module docs).
+/// A `rows x cols` matrix of GGUF blocks stored column-major for input-sparse products (see
+/// the module docs).
 #[derive(Clone)]
-pub struct QuadMatrix {
+pub struct ColumnBlocks {
     kind: BlockKind,
     rows: usize,
     cols: usize,
-    /// `rows` rounded up to a multiple of [`QUAD_ROWS`].
+    /// `rows` rounded up to a multiple of [`UNIT_ROWS`].
     pad: usize,
     /// The slabs, one after another.
     data: Vec<u8>,
 }
 
-impl std::fmt::Debug for QuadMatrix {
+impl std::fmt::Debug for ColumnBlocks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QuadMatrix")
+        f.debug_struct("ColumnBlocks")
             .field("kind", &self.kind)
             .field("rows", &self.rows)
             .field("cols", &self.cols)
@@ -125,34 +128,35 @@ impl std::fmt::Debug for QuadMatrix {
     }
 }
 
-/// Where the parts of a block, group and quad lie (byte offsets into the data).
+/// Where the parts of a slab's blocks, groups and columns lie (byte offsets into the slab).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Offsets {
     pub pad: usize,
-    pub quad: usize,
+    /// Bytes of one column's run.
+    pub column: usize,
     pub group: usize,
     pub head: usize,
     pub block: usize,
     pub groups_per_block: usize,
-    pub quads_per_group: usize,
+    /// Columns per group.
+    pub columns: usize,
 }
 
 impl Offsets {
     fn new(kind: BlockKind, pad: usize) -> Self {
         let f = format(kind);
-        let quad = pad / QUAD_ROWS * f.unit;
-        let quads_per_group = f.group / QUAD;
-        let group = f.planes * pad + quads_per_group * quad;
+        let column = pad / UNIT_ROWS * f.unit;
+        let group = f.planes * pad + f.group * column;
         let head = 2 * f.heads * pad;
         let groups_per_block = kind.block_elems() / f.group;
         Offsets {
             pad,
-            quad,
+            column,
             group,
             head,
             block: head + groups_per_block * group,
             groups_per_block,
-            quads_per_group,
+            columns: f.group,
         }
     }
 
@@ -167,39 +171,34 @@ impl Offsets {
         b * self.block + self.head + j * self.group + p * self.pad
     }
 
-    /// Where quad `q` (counted over the whole row) starts.
-    pub fn quad(&self, q: usize, planes: usize) -> usize {
-        let g = q / self.quads_per_group;
-        self.plane(g, planes) + (q % self.quads_per_group) * self.quad
+    /// Where column `c`'s run starts.
+    pub fn column(&self, c: usize, planes: usize) -> usize {
+        self.plane(c / self.columns, planes) + (c % self.columns) * self.column
     }
 }
 
-/// Writes value `u` (unsigned, `bits` wide) of row `l` (of 32) and column `c` (of 4) into `unit`.
-fn put(bits: u32, unit: &mut [u8], l: usize, c: usize, u: u8) {
-    let lane = 4 * (l % 16) + c;
+/// Writes value `u` (unsigned, `bits` wide) of row `l` (of 32) into a column's `unit`.
+fn put(bits: u32, unit: &mut [u8], l: usize, u: u8) {
     if bits == 8 {
-        unit[64 * (l / 16) + lane] = u;
+        unit[l] = u;
         return;
     }
-    unit[lane] |= (u & 0xF) << (4 * (l / 16));
+    unit[l % 16] |= (u & 0xF) << (4 * (l / 16));
     for bit in 4..bits {
-        if u >> bit & 1 == 1 {
-            let at = 64 + 16 * (bit as usize - 4) + 8 * (l / 16) + lane / 8;
-            unit[at] |= 1 << (lane % 8);
-        }
+        let at = 16 + 4 * (bit as usize - 4) + l / 8;
+        unit[at] |= (u >> bit & 1) << (l % 8);
     }
 }
 
 /// Reads back what [`put`] wrote.
-fn get(bits: u32, unit: &[u8], l: usize, c: usize) -> u8 {
-    let lane = 4 * (l % 16) + c;
+fn get(bits: u32, unit: &[u8], l: usize) -> u8 {
     if bits == 8 {
-        return unit[64 * (l / 16) + lane];
+        return unit[l];
     }
-    let mut u = (unit[lane] >> (4 * (l / 16))) & 0xF;
+    let mut u = (unit[l % 16] >> (4 * (l / 16))) & 0xF;
     for bit in 4..bits {
-        let at = 64 + 16 * (bit as usize - 4) + 8 * (l / 16) + lane / 8;
-        u |= ((unit[at] >> (lane % 8)) & 1) << bit;
+        let at = 16 + 4 * (bit as usize - 4) + l / 8;
+        u |= ((unit[at] >> (l % 8)) & 1) << bit;
     }
     u
 }
@@ -208,14 +207,14 @@ fn h16(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-impl QuadMatrix {
+impl ColumnBlocks {
     /// Lays out `rows` rows of `cols` weights given in GGUF's row-major block layout (`src` holds
     /// `rows * kind.row_bytes(cols)` bytes; `cols` a positive multiple of the block size). A
     /// non-finite scale or minimum is a typed error naming its row.
     pub fn from_blocks(kind: BlockKind, rows: usize, cols: usize, src: &[u8]) -> Result<Self> {
         if cols == 0 || !cols.is_multiple_of(kind.block_elems()) {
             return Err(Error::shape(
-                "quad matrix columns (a positive multiple of the block size)",
+                "column blocks columns (a positive multiple of the block size)",
                 &[None],
                 &[cols],
             ));
@@ -223,7 +222,7 @@ impl QuadMatrix {
         let rb = kind.row_bytes(cols);
         if src.len() != rows * rb {
             return Err(Error::shape(
-                "quad matrix bytes (rows * row bytes)",
+                "column blocks bytes (rows * row bytes)",
                 &[Some(rows * rb)],
                 &[src.len()],
             ));
@@ -236,10 +235,10 @@ impl QuadMatrix {
                 .find(|&&at| !h16(blk, at).is_finite());
             bad.map(|&at| i * bb + at)
         }) {
-            return Err(Error::non_finite("quad matrix scales", at));
+            return Err(Error::non_finite("column blocks scales", at));
         }
-        let pad = rows.div_ceil(QUAD_ROWS) * QUAD_ROWS;
-        let mut m = QuadMatrix {
+        let pad = rows.div_ceil(UNIT_ROWS) * UNIT_ROWS;
+        let mut m = ColumnBlocks {
             kind,
             rows,
             cols,
@@ -275,16 +274,10 @@ impl QuadMatrix {
                 }
                 blocks::block_ints(kind, blk, &mut ints);
                 for (i, &q) in ints[..kind.block_elems()].iter().enumerate() {
-                    let qd = (b * kind.block_elems() + i) / QUAD;
-                    let unit = o.quad(qd, f.planes) + r / QUAD_ROWS * f.unit;
+                    let c = b * kind.block_elems() + i;
+                    let unit = o.column(c, f.planes) + r / UNIT_ROWS * f.unit;
                     let u = (q + f.offset) as u8;
-                    put(
-                        f.bits,
-                        &mut data[unit..unit + f.unit],
-                        r % QUAD_ROWS,
-                        i % QUAD,
-                        u,
-                    );
+                    put(f.bits, &mut data[unit..unit + f.unit], r % UNIT_ROWS, u);
                 }
             }
         }
@@ -323,9 +316,9 @@ impl QuadMatrix {
         self.cols
     }
 
-    /// Units of [`QUAD_ROWS`] rows: the granularity at which threads split the rows.
+    /// Units of [`UNIT_ROWS`] rows: the granularity at which threads split the rows.
     pub fn units(&self) -> usize {
-        self.pad / QUAD_ROWS
+        self.pad / UNIT_ROWS
     }
 
     /// Bytes held.
@@ -333,12 +326,12 @@ impl QuadMatrix {
         self.data.len()
     }
 
-    /// Bytes a product over `active` reads: its quads, and the planes of the groups and blocks
-    /// they fall in.
-    pub fn bytes_read(&self, active: &ActiveQuads) -> usize {
+    /// Bytes a product over `active` reads: its columns, and the planes of the groups and
+    /// blocks they fall in.
+    pub fn bytes_read(&self, active: &ActiveChannels) -> usize {
         // Per slab the same counts; the slabs' rows add up to `pad`.
         let f = format(self.kind);
-        active.quads.len() * self.pad / QUAD_ROWS * f.unit
+        active.channels.len() * self.pad / UNIT_ROWS * f.unit
             + active.groups * f.planes * self.pad
             + active.blocks * 2 * f.heads * self.pad
     }
@@ -352,50 +345,43 @@ impl QuadMatrix {
         let f = format(self.kind);
         let (base, o) = self.slab(r / SLAB_ROWS);
         let r = r % SLAB_ROWS;
-        let unit = base + o.quad(c / QUAD, f.planes) + r / QUAD_ROWS * f.unit;
-        get(
-            f.bits,
-            &self.data[unit..unit + f.unit],
-            r % QUAD_ROWS,
-            c % QUAD,
-        ) as i32
+        let unit = base + o.column(c, f.planes) + r / UNIT_ROWS * f.unit;
+        get(f.bits, &self.data[unit..unit + f.unit], r % UNIT_ROWS) as i32
     }
 }
 
-/// The quads (4-channel groups) whose quantized input has a nonzero value, with the number of
-/// distinct scale groups and blocks they fall in: what a [`QuadMatrix`] product reads.
+/// The input channels whose quantized value is nonzero, with the number of distinct scale
+/// groups and blocks they fall in: what a [`ColumnBlocks`] product reads.
 #[derive(Debug, Clone, Default)]
-pub struct ActiveQuads {
-    pub(crate) quads: Vec<u32>,
+pub struct ActiveChannels {
+    pub(crate) channels: Vec<u32>,
     pub(crate) groups: usize,
     pub(crate) blocks: usize,
 }
 
-impl ActiveQuads {
-    /// The quads of `x` (quantized for `kind`: [`QuantizedRow::quantize_for`] with
-    /// `kind.inputs()`) with a nonzero value.
+impl ActiveChannels {
+    /// The nonzero channels of `x` (quantized for `kind`: [`QuantizedRow::quantize_for`] with
+    /// `kind.inputs()`).
     pub fn of(&mut self, kind: BlockKind, x: &QuantizedRow) {
         let q = if kind.inputs().k { &x.k.q } else { &x.q };
-        let (group, block) = (format(kind).group / QUAD, kind.block_elems() / QUAD);
-        self.quads.clear();
+        let (group, block) = (format(kind).group, kind.block_elems());
+        self.channels.clear();
         (self.groups, self.blocks) = (0, 0);
         let (mut last_g, mut last_b) = (usize::MAX, usize::MAX);
-        for (i, v) in q.chunks_exact(QUAD).enumerate() {
-            if v.iter().any(|&v| v != 0) {
-                self.quads.push(i as u32);
-                if i / group != last_g {
-                    (last_g, self.groups) = (i / group, self.groups + 1);
-                }
-                if i / block != last_b {
-                    (last_b, self.blocks) = (i / block, self.blocks + 1);
-                }
+        for (c, _) in q.iter().enumerate().filter(|(_, &v)| v != 0) {
+            self.channels.push(c as u32);
+            if c / group != last_g {
+                (last_g, self.groups) = (c / group, self.groups + 1);
+            }
+            if c / block != last_b {
+                (last_b, self.blocks) = (c / block, self.blocks + 1);
             }
         }
     }
 
-    /// The active quads, ascending (quad `i` is channels `4 i .. 4 i + 4`).
-    pub fn quads(&self) -> &[u32] {
-        &self.quads
+    /// The active channels, ascending.
+    pub fn channels(&self) -> &[u32] {
+        &self.channels
     }
 
     /// Distinct scale groups among them.
@@ -409,15 +395,17 @@ impl ActiveQuads {
     }
 }
 
-/// The product's kernel: rows of units `units` of `m` against `x` over the `active` quads into
-/// `out` (`units.len() * 32` values, overwritten). `active` must hold every quad where `x` is
-/// nonzero (as [`ActiveQuads::of`] makes it); arguments that do not fit are cut to what fits.
-pub(crate) type QuadsFn = fn(&QuadMatrix, Range<usize>, &QuantizedRow, &ActiveQuads, &mut [f32]);
+/// The product's kernel: rows of units `units` of `m` against `x` over the `active` channels
+/// into `out` (`units.len() * 32` values, overwritten). `active` must hold every channel where
+/// `x` is nonzero (as [`ActiveChannels::of`] makes it); arguments that do not fit are cut to
+/// what fits.
+pub(crate) type ColumnBlocksFn =
+    fn(&ColumnBlocks, Range<usize>, &QuantizedRow, &ActiveChannels, &mut [f32]);
 
 /// What a product may compute: `units` cut to the matrix and to `out`, or `None` when `x` does
 /// not hold the matrix's input (a row quantized for another block type, or too short).
 pub(crate) fn clamp(
-    m: &QuadMatrix,
+    m: &ColumnBlocks,
     units: Range<usize>,
     x: &QuantizedRow,
     out: &[f32],
@@ -429,43 +417,43 @@ pub(crate) fn clamp(
     let end = units
         .end
         .min(m.units())
-        .min(units.start + out.len() / QUAD_ROWS);
+        .min(units.start + out.len() / UNIT_ROWS);
     held.then_some(units.start.min(end)..end)
 }
 
-/// Splits an ascending quad list into runs of one unit of `per` quads each (a group, a block).
-pub(crate) fn runs(quads: &[u32], per: usize) -> impl Iterator<Item = &[u32]> {
+/// Splits an ascending channel list into runs of one unit of `per` channels each (a group, a
+/// block).
+pub(crate) fn runs(channels: &[u32], per: usize) -> impl Iterator<Item = &[u32]> {
     let per = per as u32;
-    quads.chunk_by(move |a, b| a / per == b / per)
+    channels.chunk_by(move |a, b| a / per == b / per)
 }
 
-/// The scalar reference of the product (see [`QuadsFn`]), written from the layout: per row and
-/// block the exact integer sums over the active quads, scaled as [`crate::cpu::dot_row`].
+/// The scalar reference of the product (see [`ColumnBlocksFn`]), written from the layout: per row and
+/// block the exact integer sums over the active channels, scaled as [`crate::cpu::dot_row`].
 pub(crate) fn product_scalar(
-    m: &QuadMatrix,
+    m: &ColumnBlocks,
     units: Range<usize>,
     x: &QuantizedRow,
-    active: &ActiveQuads,
+    active: &ActiveChannels,
     out: &mut [f32],
 ) {
     let Some(units) = clamp(m, units, x, out) else {
         return;
     };
     let (kind, f) = (m.kind, format(m.kind));
-    let (qpg, qpb) = (f.group / QUAD, kind.block_elems() / QUAD);
-    let rows = units.start * QUAD_ROWS..units.end * QUAD_ROWS;
+    let (qpg, qpb) = (f.group, kind.block_elems());
+    let rows = units.start * UNIT_ROWS..units.end * UNIT_ROWS;
     out[..rows.len()].fill(0.0);
-    for block in runs(&active.quads, qpb) {
+    for block in runs(&active.channels, qpb) {
         let b = block[0] as usize / qpb;
         for (o_r, r) in out.iter_mut().zip(rows.clone()) {
             let (base, o) = m.slab(r / SLAB_ROWS);
             let (data, lr) = (&m.data[base..], r % SLAB_ROWS);
             let head = |h: usize| h16(data, o.head(b, h) + 2 * lr);
-            let isum = |quads: &[u32], xq: &[i8]| -> i32 {
-                quads
+            let isum = |channels: &[u32], xq: &[i8]| -> i32 {
+                channels
                     .iter()
-                    .flat_map(|&q| (0..QUAD).map(move |c| 4 * q as usize + c))
-                    .map(|c| m.value(r, c) * xq[c] as i32)
+                    .map(|&c| m.value(r, c as usize) * xq[c as usize] as i32)
                     .sum()
             };
             let acc = *o_r;

@@ -1,18 +1,19 @@
-//! The input-sparse quad product (`QuadMatrix`) against the dense packed product (`QLinear`) of
-//! the same matrix, 1 thread, at the FFN shapes of the real models (gate/up: `ffn x hidden`;
-//! down: `hidden x ffn`), for every block type the shape allows.
+//! The input-sparse product over column-major GGUF blocks (`ColumnBlocks`) against the dense
+//! packed product (`QLinear`) of the same matrix, 1 thread, at the FFN shapes of the real models
+//! (gate/up: `ffn x hidden`; down: `hidden x ffn`), for every block type the shape allows.
 //!
-//! `cargo bench --bench quads [-- FILTER]`, e.g. `-- 1536x8960/Q4_K`. Throughput is the bytes
-//! each product reads (the dense matrix; the sparse product's kept quads and their scales), so
-//! a sparse row's GB/s over the dense row's is the efficiency the kept bytes are read at. Kept
-//! fractions: all quads (`keep100`), half in random quads (`keep50`), half in runs of 8 quads
-//! (`keep50run8`, what a calibrated channel order gives). `BENCH_COPIES=N` cycles N copies of
-//! each matrix (past the last-level cache with enough copies, so every byte comes from DRAM);
+//! `cargo bench --bench column_blocks [-- FILTER]`, e.g. `-- 1536x8960/gate/Q4_K`. Throughput
+//! is the bytes each product reads (the dense matrix; the sparse product's kept columns and
+//! their scales), so a sparse row's GB/s over the dense row's is the efficiency the kept bytes
+//! are read at. Kept channels: all (`keep100`), 60% and 50% chosen at random (`keep60`,
+//! `keep50`: the channels of an activation are small or large independently, so a rule's kept
+//! set looks random to the layout). `BENCH_COPIES=N` cycles N copies of each matrix (past the
+//! last-level cache with enough copies, so every byte comes from DRAM);
 //! `BENCH_SHAPES=576x1536,...` picks the shapes (`hidden x ffn`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use powerinfer::cpu::{
-    ActiveQuads, BlockKind, Kernels, PackedRows, QuadMatrix, QuantizedRow, QUAD, QUAD_ROWS,
+    ActiveChannels, BlockKind, ColumnBlocks, Kernels, PackedRows, QuantizedRow, UNIT_ROWS,
 };
 use powerinfer::{QLinear, SimdLevel};
 use std::time::Duration;
@@ -48,17 +49,14 @@ fn blocks(kind: BlockKind, rows: usize, cols: usize) -> Vec<u8> {
     w
 }
 
-/// An input with every quad nonzero, then with half of them zeroed, one by one or in runs.
-fn input(cols: usize, drop_run: Option<usize>) -> Vec<f32> {
+/// An input with every channel nonzero, then with each zeroed with probability `drop` (%).
+fn input(cols: usize, drop: u64) -> Vec<f32> {
     let mut x: Vec<f32> = noise(cols, 3)
         .map(|v| (v % 2001) as f32 / 1000.0 - 1.0 + 0.0005)
         .collect();
-    if let Some(run) = drop_run {
-        let flips: Vec<u64> = noise(cols, 11).collect();
-        for (i, r) in x.chunks_mut(QUAD * run).enumerate() {
-            if flips[i].is_multiple_of(2) {
-                r.fill(0.0);
-            }
+    for (v, r) in x.iter_mut().zip(noise(cols, 11)) {
+        if r % 100 < drop {
+            *v = 0.0;
         }
     }
     x
@@ -81,7 +79,7 @@ fn products(c: &mut Criterion) {
     let k = Kernels::new(SimdLevel::best()).unwrap();
     for (hidden, ffn) in shapes() {
         for (name, rows, cols) in [("gate", ffn, hidden), ("down", hidden, ffn)] {
-            let mut g = c.benchmark_group(format!("quads/{hidden}x{ffn}/{name}"));
+            let mut g = c.benchmark_group(format!("column_blocks/{hidden}x{ffn}/{name}"));
             g.sample_size(10)
                 .warm_up_time(Duration::from_millis(300))
                 .measurement_time(Duration::from_secs(1));
@@ -100,11 +98,11 @@ fn products(c: &mut Criterion) {
                         .unwrap()
                     })
                     .collect();
-                let quads: Vec<QuadMatrix> = (0..copies)
-                    .map(|_| QuadMatrix::from_blocks(kind, rows, cols, &w).unwrap())
+                let sparse: Vec<ColumnBlocks> = (0..copies)
+                    .map(|_| ColumnBlocks::from_blocks(kind, rows, cols, &w).unwrap())
                     .collect();
                 let mut xq = QuantizedRow::default();
-                xq.quantize_for(&input(cols, None), kind.inputs());
+                xq.quantize_for(&input(cols, 0), kind.inputs());
                 let xs = [xq.clone()];
                 let (mut y, mut tmp) = (vec![0f32; rows], Vec::new());
                 g.throughput(Throughput::Bytes(
@@ -117,20 +115,18 @@ fn products(c: &mut Criterion) {
                         }
                     })
                 });
-                let mut out = vec![0f32; quads[0].units() * QUAD_ROWS];
-                for (label, drop) in [
-                    ("keep100", None),
-                    ("keep50", Some(1)),
-                    ("keep50run8", Some(8)),
-                ] {
+                let mut out = vec![0f32; sparse[0].units() * UNIT_ROWS];
+                for (label, drop) in [("keep100", 0), ("keep60", 40), ("keep50", 50)] {
                     xq.quantize_for(&input(cols, drop), kind.inputs());
-                    let mut a = ActiveQuads::default();
+                    let mut a = ActiveChannels::default();
                     a.of(kind, &xq);
-                    g.throughput(Throughput::Bytes((copies * quads[0].bytes_read(&a)) as u64));
+                    g.throughput(Throughput::Bytes(
+                        (copies * sparse[0].bytes_read(&a)) as u64,
+                    ));
                     g.bench_function(BenchmarkId::new(kind.name(), label), |b| {
                         b.iter(|| {
-                            for m in &quads {
-                                k.quads(m, 0..m.units(), &xq, &a, &mut out)
+                            for m in &sparse {
+                                k.column_blocks(m, 0..m.units(), &xq, &a, &mut out)
                             }
                         })
                     });
