@@ -306,7 +306,8 @@ impl Q8K {
     }
 }
 
-fn h16(b: &[u8], at: usize) -> f32 {
+/// The little-endian f16 at `b[at..at + 2]`, as f32.
+pub(crate) fn h16(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 

@@ -12,8 +12,7 @@
 //! `axpy` adds `a * w` of a Q8_0 row into f32 accumulators. The scalar forms are the references;
 //! AVX2 and AVX-512 (VNNI) forms differ from them only in float summation order.
 
-use half::f16;
-
+use super::blocks::h16;
 use super::quant::{QuantKind, QuantizedRow, QK};
 use crate::error::{Error, Result};
 
@@ -65,10 +64,6 @@ pub fn split_row(kind: QuantKind, gguf: &[u8], out: &mut [u8]) -> Result<()> {
         out[sb + vb * b..sb + vb * (b + 1)].copy_from_slice(vals);
     }
     Ok(())
-}
-
-fn h16(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
 /// One split row dequantized into `out` (`32 * nb` values; shorter `out` gets a prefix).

@@ -38,9 +38,7 @@
 
 use std::ops::Range;
 
-use half::f16;
-
-use super::blocks::{self, BlockKind, QK_K};
+use super::blocks::{self, h16, BlockKind, QK_K};
 use super::quant::{QuantizedRow, QK};
 use crate::error::{Error, Result};
 
@@ -201,10 +199,6 @@ fn get(bits: u32, unit: &[u8], l: usize) -> u8 {
         u |= ((unit[at] >> (l % 8)) & 1) << bit;
     }
     u
-}
-
-fn h16(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
 impl ColumnBlocks {
