@@ -16,7 +16,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Module, Tensor};
 
 use crate::cpu::{
-    gemm, BlockKind, Inputs, Kernels, PackedRows, Pool, QuantKind, QuantizedRow, SimdLevel, PACK,
+    gemm, BlockKind, Inputs, Kernels, PackedRows, Pool, QuantizedRow, SimdLevel, PACK,
 };
 use crate::error::{Error, Result};
 use crate::tensor_io::{check_rows, to_tensor, with_f32};
@@ -54,20 +54,6 @@ pub(crate) fn block_kind(dtype: GgmlDType) -> Result<BlockKind> {
             "QLinear weight",
             format!(
                 "block type {dtype:?} is not one of Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"
-            ),
-        )
-    })
-}
-
-/// The sparse layouts' block type of a GGUF tensor (Q4_0, Q4_1, Q8_0), or a typed error naming
-/// the block type.
-pub(crate) fn quant_kind(w: &QTensor) -> Result<QuantKind> {
-    block_kind(w.dtype())?.quant_kind().ok_or_else(|| {
-        Error::config(
-            "sparse weight",
-            format!(
-                "block type {:?}: the sparse layouts take Q4_0, Q4_1 and Q8_0",
-                w.dtype()
             ),
         )
     })

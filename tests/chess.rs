@@ -18,7 +18,17 @@ use powerinfer::{
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-const KINDS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+/// Every block type the dense decoder runs.
+const KINDS: [GgmlDType; 8] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
 
 #[allow(clippy::too_many_arguments)]
 fn check(
@@ -32,10 +42,14 @@ fn check(
     threads: usize,
     seed: u64,
 ) {
-    let (h, n) = (32 * hb, 32 * ib);
+    let dt = KINDS[kind];
+    let be = dt.block_size();
+    let (h, n) = (
+        (32 * hb).next_multiple_of(be),
+        (32 * ib).next_multiple_of(be),
+    );
     let spec = FfnSpec::gated(h, n, Activation::Silu).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
-    let dt = KINDS[kind];
     let w = Weights::random(&spec, seed);
     let q = |t: &Tensor| QTensor::quantize(t, dt).unwrap();
     let (qg, qu, qd) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));
@@ -54,9 +68,13 @@ fn check(
     let (mut g, mut u, mut y) = (vec![0f32; n], vec![0f32; n], vec![0f32; h]);
     let mut hs = Vec::new();
     for xr in x.chunks(h) {
-        gl.forward_quantized(&[quantized(&mask(xr, None, tg))], &mut g, &mut Vec::new())
-            .unwrap();
-        ul.forward_quantized(&[quantized(xr)], &mut u, &mut Vec::new())
+        gl.forward_quantized(
+            &[quantized_for(&gl, &mask(xr, None, tg))],
+            &mut g,
+            &mut Vec::new(),
+        )
+        .unwrap();
+        ul.forward_quantized(&[quantized_for(&ul, xr)], &mut u, &mut Vec::new())
             .unwrap();
         let hv: Vec<f32> = (0..n)
             .map(|j| {
@@ -84,8 +102,12 @@ fn check(
     }
     let mut want = Vec::new();
     for hv in &hs {
-        dl.forward_quantized(&[quantized(&mask(hv, None, td))], &mut y, &mut Vec::new())
-            .unwrap();
+        dl.forward_quantized(
+            &[quantized_for(&dl, &mask(hv, None, td))],
+            &mut y,
+            &mut Vec::new(),
+        )
+        .unwrap();
         want.extend_from_slice(&y);
     }
     for tier in SimdLevel::supported() {
@@ -128,7 +150,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
     #[test]
     fn chess_is_the_dense_ffn_with_the_same_neurons_zeroed(
-        hb in 1usize..24, ib in 1usize..60, kind in 0usize..3, rows in 1usize..4,
+        hb in 1usize..24, ib in 1usize..60, kind in 0usize..8, rows in 1usize..4,
         tg in 0.0f32..0.8, td in 0.0f32..0.05, thr in 0.0f32..0.3, threads in 1usize..4,
         seed in any::<u64>(),
     ) {
@@ -139,7 +161,7 @@ proptest! {
 #[test]
 fn edge_shapes() {
     for (hb, ib) in [(1, 1), (1, 2), (2, 1), (3, 3)] {
-        for kind in 0..3 {
+        for kind in 0..KINDS.len() {
             // No neuron skipped, some, all.
             for thr in [0.0, 0.1, 1e9] {
                 check(hb, ib, kind, 2, 0.3, 0.01, thr, 2, (hb * 5 + ib) as u64);

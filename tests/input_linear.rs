@@ -13,7 +13,17 @@ use powerinfer::{InputSparseLinear, QLinear, SimdLevel};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
-const KINDS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+/// Every block type the dense decoder runs.
+const KINDS: [GgmlDType; 8] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
 
 /// `outs` stacked output widths, `in_blocks * 32` inputs, `rows` rows at threshold `t`.
 #[allow(clippy::too_many_arguments)]
@@ -27,9 +37,9 @@ fn check(
     threads: usize,
     seed: u64,
 ) {
-    let cols = 32 * in_blocks;
-    let mut rng = StdRng::seed_from_u64(seed);
     let dt = KINDS[kind];
+    let cols = dt.block_size() * in_blocks;
+    let mut rng = StdRng::seed_from_u64(seed);
     let ws: Vec<QTensor> = outs
         .iter()
         .map(|&o| QTensor::quantize(&tensor(&mut rng, &[o, cols], 0.2), dt).unwrap())
@@ -45,7 +55,7 @@ fn check(
         .chunks(cols)
         .map(|r| {
             let mut q = QuantizedRow::default();
-            q.quantize(&mask(r, None, t));
+            q.quantize_for(&mask(r, None, t), dense.inputs());
             q
         })
         .collect();
@@ -71,7 +81,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
     #[test]
     fn input_sparse_linear_is_qlinear_on_masked_inputs(
-        outs in prop::collection::vec(1usize..150, 1..4), ib in 1usize..5, kind in 0usize..3,
+        outs in prop::collection::vec(1usize..150, 1..4), ib in 1usize..5, kind in 0usize..8,
         rows in 1usize..4, t in 0.0f32..0.9, bias in any::<bool>(), threads in 1usize..4,
         seed in any::<u64>(),
     ) {
@@ -93,7 +103,7 @@ fn edge_shapes() {
         &[9, 3, 3],
     ] {
         for ib in [1, 3] {
-            for kind in 0..3 {
+            for kind in 0..KINDS.len() {
                 for t in [0.0, 0.5, 10.0] {
                     check(outs, ib, kind, 2, t, true, 2, (ib * 31 + outs[0]) as u64);
                 }

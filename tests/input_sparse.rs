@@ -15,7 +15,17 @@ use powerinfer::{
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
-const KINDS: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+/// Every block type the dense decoder runs.
+const KINDS: [GgmlDType; 8] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
 
 /// Column norms of a `[rows, cols]` f32 matrix.
 fn norms(t: &Tensor) -> Vec<f32> {
@@ -34,10 +44,11 @@ fn check_quant(
     threads: usize,
     seed: u64,
 ) {
-    let (h, n) = (32 * hidden_blocks, 32 * inter_blocks);
+    let dt = KINDS[kind];
+    let be = dt.block_size();
+    let (h, n) = (be * hidden_blocks, be * inter_blocks);
     let spec = FfnSpec::gated(h, n, Activation::Silu).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
-    let dt = KINDS[kind];
     let w = Weights::random(&spec, seed);
     let q = |t: &Tensor| QTensor::quantize(t, dt).unwrap();
     let (qg, qu, qd) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));
@@ -62,8 +73,8 @@ fn check_quant(
     let (mut g, mut u, mut y) = (vec![0f32; n], vec![0f32; n], vec![0f32; h]);
     let pick = |v: &[f32]| wina.then(|| v.to_vec());
     for xr in x.chunks(h) {
-        let xg = quantized(&mask(xr, pick(&ng).as_deref(), t[0]));
-        let xu = quantized(&mask(xr, pick(&nu).as_deref(), t[1]));
+        let xg = quantized_for(&gl, &mask(xr, pick(&ng).as_deref(), t[0]));
+        let xu = quantized_for(&ul, &mask(xr, pick(&nu).as_deref(), t[1]));
         gl.forward_quantized(&[xg], &mut g, &mut Vec::new())
             .unwrap();
         ul.forward_quantized(&[xu], &mut u, &mut Vec::new())
@@ -73,7 +84,7 @@ fn check_quant(
             .zip(&u)
             .map(|(&g, &u)| Activation::Silu.gated(g, u))
             .collect();
-        let hq = quantized(&mask(&hv, pick(&nd).as_deref(), t[2]));
+        let hq = quantized_for(&dl, &mask(&hv, pick(&nd).as_deref(), t[2]));
         dl.forward_quantized(&[hq], &mut y, &mut Vec::new())
             .unwrap();
         want.extend(y.iter().map(|v| v.to_bits()));
@@ -96,7 +107,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
     #[test]
     fn quantized_ffn_is_the_dense_ffn_on_masked_inputs(
-        hb in 1usize..4, ib in 1usize..5, kind in 0usize..3, rows in 1usize..4,
+        hb in 1usize..4, ib in 1usize..5, kind in 0usize..8, rows in 1usize..4,
         tg in 0.0f32..0.8, tu in 0.0f32..0.8, td in 0.0f32..0.05, wina in any::<bool>(),
         threads in 1usize..4, seed in any::<u64>(),
     ) {
@@ -139,7 +150,7 @@ fn st_dtype(s: ColumnStorage) -> candle_core::DType {
 #[test]
 fn edge_shapes() {
     for (hb, ib) in [(1, 1), (1, 2), (2, 1), (3, 3)] {
-        for kind in 0..3 {
+        for kind in 0..KINDS.len() {
             for t in [[0.0; 3], [0.5, 0.2, 0.01], [10.0, 10.0, 10.0]] {
                 check_quant(hb, ib, kind, 2, t, false, 2, (hb * 7 + ib) as u64);
             }
@@ -225,7 +236,7 @@ fn bad_input_is_a_typed_error() {
     let f16 = QTensor::quantize(w.gate.as_ref().unwrap(), GgmlDType::F16).unwrap();
     assert!(
         msg(InputSparseFfn::from_qtensors(spec, Some(&f16), &u, &d, 1, None).unwrap_err())
-            .contains("Q4_0, Q4_1 and Q8_0")
+            .contains("Q8_0, Q4_K, Q5_K and Q6_K")
     );
     assert!(InputScore::from_name("relu").is_err());
 }

@@ -11,9 +11,10 @@
 
 use candle_core::quantized::QTensor;
 
+use super::Columns;
 use super::{InputScores, InputSparseFfn, InputThresholds, Scratch};
 use crate::analysis::Histogram;
-use crate::cpu::{ColumnMatrix, QuantKind, SimdLevel, CHUNK, QK};
+use crate::cpu::{dot_row, BlockKind, SimdLevel, CHUNK};
 use crate::error::{Error, Result};
 use crate::ffn::FfnSpec;
 use crate::tensor_io::check_finite;
@@ -21,7 +22,7 @@ use crate::tensor_io::check_finite;
 /// How up is stored.
 pub(super) enum Up {
     /// By input: the TEAL / WINA rules skip columns.
-    Columns(ColumnMatrix),
+    Columns(Columns),
     /// By neuron: the CHESS rule skips rows.
     Rows(UpRows),
 }
@@ -37,7 +38,7 @@ impl Up {
 
 /// Up's rows as the file stores them.
 pub(super) struct UpRows {
-    kind: QuantKind,
+    kind: BlockKind,
     row_bytes: usize,
     data: Vec<u8>,
 }
@@ -63,7 +64,7 @@ pub struct ChessRule {
 }
 
 impl InputSparseFfn {
-    /// A gated FFN on GGUF tensors (Q4_0 / Q4_1 / Q8_0) for the CHESS rule: gate and down
+    /// A gated FFN on GGUF tensors (any block type of `cpu::BlockKind`) for the CHESS rule: gate and down
     /// as columns (with their input rules), up as the file's rows. No CHESS rule is set at
     /// first (every neuron computed).
     pub fn from_qtensors_up_rows(
@@ -75,10 +76,10 @@ impl InputSparseFfn {
         tier: Option<SimdLevel>,
     ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
-        let (kind, data) = super::blocks(up, "up_proj.weight", n, h)?;
-        if h % QK != 0 {
+        let (kind, data) = super::columns::blocks(up, "up_proj.weight", n, h)?;
+        if h % kind.block_elems() != 0 {
             return Err(Error::shape(
-                "up_proj.weight columns (a multiple of 32)",
+                "up_proj.weight columns (a multiple of the block size)",
                 &[None],
                 &[h],
             ));
@@ -97,8 +98,8 @@ impl InputSparseFfn {
             row_bytes,
             data,
         };
-        let gate = super::qcolumns(gate, "gate_proj.weight", n, h)?;
-        let down = super::qcolumns(down, "down_proj.weight", h, n)?;
+        let gate = Columns::from_qtensor(gate, "gate_proj.weight", n, h)?;
+        let down = Columns::from_qtensor(down, "down_proj.weight", h, n)?;
         Self::build(spec, Some(gate), Up::Rows(rows), down, threads, tier)
     }
 
@@ -218,14 +219,14 @@ impl InputSparseFfn {
             uk,
             ..
         } = s;
-        gate.mask(x, self.weight(gm), t.gate, true);
+        gate.mask(x, self.weight(gm), t.gate, gm);
         let cg = gm.chunks();
         gu.resize(cg * CHUNK + n, 0.0);
         let (gp, ups) = gu.split_at_mut(cg * CHUNK);
         let k = &self.kernels;
         let gi = &*gate;
         self.pool.run_chunks(gp, cg, CHUNK, &|r, part| {
-            super::column_product(k, gm, r, &gi.x, &gi.q, &gi.active.cols, part);
+            gm.product(k, r, gi, part);
         });
         keep.clear();
         kept.clear();
@@ -241,12 +242,12 @@ impl InputSparseFfn {
         }
         kept.extend((0..n as u32).filter(|&j| keep[j as usize]));
         // Up's rows take the whole input (no input rule on rows).
-        up.mask(x, None, 0.0, true);
+        up.whole(x, rows.kind);
         uk.resize(kept.len(), 0.0);
         let (ui, ids) = (&*up, &*kept);
         self.pool.run_chunks(uk, ids.len(), 1, &|r, part| {
             for (o, &j) in part.iter_mut().zip(&ids[r]) {
-                *o = k.dot_q(rows.kind, rows.row(j as usize), &ui.q);
+                *o = dot_row(rows.kind, rows.row(j as usize), ui.quantized());
             }
         });
         ups.fill(0.0);

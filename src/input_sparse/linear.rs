@@ -1,9 +1,10 @@
 //! `InputSparseLinear`: a linear layer with TEAL's input sparsity, for the attention projections.
 //!
 //! `y = W x (+ b)` where the entries of `x` with `|x_i|` at most the threshold are set to zero and
-//! their columns of `W` are never read. The weights are the file's GGUF blocks in a
-//! [`ColumnMatrix`]; with a threshold of 0 the result is `QLinear`'s, bit for bit (the same
-//! quantized input, the same block sums in the same order).
+//! their columns of `W` are never read. The weights are the file's GGUF blocks of any type the
+//! dense decoder runs, laid out by column ([`crate::cpu::ColumnBlocks`]); with a threshold of 0
+//! the result is `QLinear`'s, bit for bit (the same quantized input, the same block sums in the
+//! same order).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Module, Tensor};
 
-use super::{Input, WeightTraffic};
+use super::{Columns, Input, WeightTraffic};
 use crate::analysis::Histogram;
-use crate::cpu::{column_product, ColumnMatrix, Kernels, Pool, SimdLevel, CHUNK, QK};
+use crate::cpu::{Kernels, Pool, SimdLevel, CHUNK};
 use crate::error::{Error, Result};
-use crate::linear::{dims2, quant_kind};
+use crate::linear::{block_kind, dims2};
 use crate::tensor_io::{check_f32_rows_io, forward_tensor};
 
 #[derive(Debug, Default)]
@@ -27,7 +28,7 @@ struct Scratch {
 
 /// A linear layer on GGUF blocks whose small inputs are skipped (see the module docs).
 pub struct InputSparseLinear {
-    w: ColumnMatrix,
+    w: Columns,
     bias: Option<Vec<f32>>,
     threshold: f32,
     kernels: Kernels,
@@ -44,14 +45,14 @@ impl std::fmt::Debug for InputSparseLinear {
         f.debug_struct("InputSparseLinear")
             .field("out", &self.w.rows())
             .field("in", &self.w.cols())
-            .field("storage", &self.w.storage())
+            .field("storage", &self.w)
             .field("threshold", &self.threshold)
             .finish()
     }
 }
 
 impl InputSparseLinear {
-    /// GGUF tensors of one block type (Q4_0, Q4_1 or Q8_0) and input width, `[out, in]`, output
+    /// GGUF tensors of one block type (any the dense decoder runs) and input width, `[out, in]`, output
     /// features stacked in order (q, k and v: one masked input for all three), with an optional
     /// bias over the stacked outputs; on `threads` threads (`tier`: `None` detects). The
     /// threshold starts at 0 (dense).
@@ -67,11 +68,11 @@ impl InputSparseLinear {
         let Some(first) = ws.first() else {
             return Err(Error::config("InputSparseLinear weight", "no tensor given"));
         };
-        let (kind, cols) = (quant_kind(first)?, dims2(first)?.1);
+        let (kind, cols) = (block_kind(first.dtype())?, dims2(first)?.1);
         let (mut rows, mut data) = (0, Vec::new());
         for w in ws {
             let (o, i) = dims2(w)?;
-            if quant_kind(w)? != kind || i != cols {
+            if block_kind(w.dtype())? != kind || i != cols {
                 return Err(Error::config(
                     "InputSparseLinear weight",
                     format!(
@@ -83,7 +84,7 @@ impl InputSparseLinear {
             rows += o;
             data.extend_from_slice(&w.data()?);
         }
-        let w = ColumnMatrix::from_blocks(kind, rows, cols, &data)?;
+        let w = Columns::from_blocks(kind, rows, cols, &data, "InputSparseLinear weight")?;
         let bias = match bias {
             Some(b) if b.dims() != [rows] => {
                 return Err(Error::shape(
@@ -184,12 +185,12 @@ impl InputSparseLinear {
         } = &mut *s;
         let chunks = self.w.chunks();
         y.resize(chunks * CHUNK, 0.0);
-        let dense = self.w.bytes_read(i, i.div_ceil(QK));
+        let dense = self.w.dense_bytes();
         for (xr, or) in x.chunks_exact(i).zip(out.chunks_exact_mut(o)) {
-            input.mask(xr, None, self.threshold, true);
+            input.mask(xr, None, self.threshold, &self.w);
             let (k, inp) = (&self.kernels, &*input);
             self.pool.run_chunks(y, chunks, CHUNK, &|r, part| {
-                column_product(k, &self.w, r, &inp.x, &inp.q, &inp.active.cols, part);
+                self.w.product(k, r, inp, part);
             });
             match &self.bias {
                 Some(b) => or
@@ -199,10 +200,7 @@ impl InputSparseLinear {
                 None => or.copy_from_slice(&y[..o]),
             }
             traffic.rows += 1;
-            traffic.read += self
-                .w
-                .bytes_read(input.active.cols.len(), input.active.blocks)
-                as u64;
+            traffic.read += self.w.bytes_read(input) as u64;
             traffic.dense += dense as u64;
         }
         Ok(())

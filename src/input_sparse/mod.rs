@@ -8,7 +8,7 @@
 //! columns of the kept neurons. With every threshold at 0 nothing is dropped and the result is the
 //! dense FFN's (for GGUF blocks, bit for bit the dense product over the same quantized input).
 //!
-//! Weights are the file's (see `ColumnMatrix`); the rule is per layer and per matrix
+//! Weights are the file's blocks (see `columns`); the rule is per layer and per matrix
 //! ([`InputThresholds`]), read from calibration histograms ([`InputScores`]). Two pool dispatches
 //! per row (gate and up together, then down); threads take static shares of output chunks, so
 //! results are bit-identical across runs and thread counts. No allocation per row once the block
@@ -17,63 +17,30 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Module, Tensor};
 
 use crate::analysis::Histogram;
-use crate::cpu::{
-    column_product, ActiveColumns, ColumnMatrix, ColumnStorage, Kernels, Pool, QuantKind,
-    QuantizedRow, SimdLevel, CHUNK,
-};
+use crate::cpu::{ColumnMatrix, ColumnStorage, Kernels, Pool, SimdLevel, CHUNK};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights};
 use crate::tensor_io::{check_f32_rows, forward_tensor};
 
 mod chess;
+mod columns;
 mod greedy;
 mod linear;
 mod rule;
 
 pub use chess::ChessRule;
 use chess::Up;
+use columns::{Columns, Input};
 pub use greedy::{GreedyPath, GreedyStep};
 pub use linear::InputSparseLinear;
 pub use rule::{
     split_target, InputScore, InputScores, InputThresholds, WeightTraffic, MAX_SAMPLES,
     SAMPLE_EVERY,
 };
-
-/// One product's input: the masked row, its quantized form and the columns it keeps.
-#[derive(Debug, Default)]
-struct Input {
-    x: Vec<f32>,
-    q: QuantizedRow,
-    active: ActiveColumns,
-}
-
-impl Input {
-    /// `x` with the entries whose score is at most `t` zeroed (`weight`: per-entry factor of the
-    /// score, `None` for `|x|`), quantized when the matrix is.
-    fn mask(&mut self, x: &[f32], weight: Option<&[f32]>, t: f32, quant: bool) {
-        self.x.clear();
-        match weight {
-            None => self
-                .x
-                .extend(x.iter().map(|&v| if v.abs() > t { v } else { 0.0 })),
-            Some(w) => self.x.extend(
-                x.iter()
-                    .zip(w)
-                    .map(|(&v, &n)| if v.abs() * n > t { v } else { 0.0 }),
-            ),
-        }
-        if quant {
-            self.q.quantize_values(&self.x);
-            self.active.of_quantized(&self.q);
-        } else {
-            self.active.of_f32(&self.x);
-        }
-    }
-}
 
 #[derive(Debug, Default)]
 struct Scratch {
@@ -95,9 +62,9 @@ struct Scratch {
 /// The FFN with input sparsity on column-major weights (see the module docs).
 pub struct InputSparseFfn {
     spec: FfnSpec,
-    gate: Option<ColumnMatrix>,
+    gate: Option<Columns>,
     up: Up,
-    down: ColumnMatrix,
+    down: Columns,
     chess: Option<ChessRule>,
     gate_bias: Option<Vec<f32>>,
     up_bias: Option<Vec<f32>>,
@@ -117,7 +84,7 @@ impl std::fmt::Debug for InputSparseFfn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InputSparseFfn")
             .field("spec", &self.spec)
-            .field("storage", &self.down.storage())
+            .field("down", &self.down)
             .field("up_rows", &matches!(self.up, Up::Rows(_)))
             .field("score", &self.score)
             .field("thresholds", &self.thresholds)
@@ -127,49 +94,6 @@ impl std::fmt::Debug for InputSparseFfn {
     }
 }
 
-fn quant_kind(t: GgmlDType) -> Option<QuantKind> {
-    match t {
-        GgmlDType::Q4_0 => Some(QuantKind::Q4_0),
-        GgmlDType::Q4_1 => Some(QuantKind::Q4_1),
-        GgmlDType::Q8_0 => Some(QuantKind::Q8_0),
-        _ => None,
-    }
-}
-
-/// A GGUF tensor `[rows, cols]`'s block type and bytes, checked: the shape, and Q4_0, Q4_1 or
-/// Q8_0 blocks (the ones the column and row kernels keep).
-fn blocks<'a>(
-    t: &'a QTensor,
-    name: &str,
-    rows: usize,
-    cols: usize,
-) -> Result<(QuantKind, std::borrow::Cow<'a, [u8]>)> {
-    if t.shape().dims() != [rows, cols] {
-        return Err(Error::shape(
-            name,
-            &[Some(rows), Some(cols)],
-            t.shape().dims(),
-        ));
-    }
-    let kind = quant_kind(t.dtype()).ok_or_else(|| {
-        Error::config(
-            "storage",
-            format!(
-                "tensor `{name}` is {:?}; input-sparse layers keep Q4_0, Q4_1 and Q8_0 blocks",
-                t.dtype()
-            ),
-        )
-    })?;
-    Ok((kind, t.data()?))
-}
-
-/// A GGUF tensor `[rows, cols]` as a column matrix of its own blocks.
-fn qcolumns(t: &QTensor, name: &str, rows: usize, cols: usize) -> Result<ColumnMatrix> {
-    let (kind, data) = blocks(t, name, rows, cols)?;
-    ColumnMatrix::from_blocks(kind, rows, cols, &data)
-        .map_err(|e| Error::config(name, e.to_string()))
-}
-
 /// A float tensor `[rows, cols]` as a column matrix in `storage`.
 fn fcolumns(
     t: &Tensor,
@@ -177,7 +101,7 @@ fn fcolumns(
     rows: usize,
     cols: usize,
     storage: ColumnStorage,
-) -> Result<ColumnMatrix> {
+) -> Result<Columns> {
     if t.dims() != [rows, cols] {
         return Err(Error::shape(name, &[Some(rows), Some(cols)], t.dims()));
     }
@@ -192,7 +116,9 @@ fn fcolumns(
         }
     }
     let w = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-    ColumnMatrix::from_f32(storage, rows, cols, &w).map_err(|e| Error::config(name, e.to_string()))
+    ColumnMatrix::from_f32(storage, rows, cols, &w)
+        .map(Columns::Floats)
+        .map_err(|e| Error::config(name, e.to_string()))
 }
 
 fn bias(t: Option<&Tensor>, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
@@ -210,9 +136,9 @@ fn bias(t: Option<&Tensor>, name: &str, len: usize) -> Result<Option<Vec<f32>>> 
 impl InputSparseFfn {
     fn build(
         spec: FfnSpec,
-        gate: Option<ColumnMatrix>,
+        gate: Option<Columns>,
         up: Up,
-        down: ColumnMatrix,
+        down: Columns,
         threads: usize,
         tier: Option<SimdLevel>,
     ) -> Result<Self> {
@@ -249,8 +175,8 @@ impl InputSparseFfn {
         })
     }
 
-    /// The FFN on GGUF tensors as a file holds them (`[out, in]`, Q4_0 / Q4_1 / Q8_0 blocks kept
-    /// exactly), on `threads` threads (`tier`: `None` detects the SIMD level). Every threshold
+    /// The FFN on GGUF tensors as a file holds them (`[out, in]`, blocks of any type of
+    /// `cpu::BlockKind` kept exactly), on `threads` threads (`tier`: `None` detects the SIMD level). Every threshold
     /// starts at 0 (dense).
     pub fn from_qtensors(
         spec: FfnSpec,
@@ -262,10 +188,10 @@ impl InputSparseFfn {
     ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
         let gate = gate
-            .map(|g| qcolumns(g, "gate_proj.weight", n, h))
+            .map(|g| Columns::from_qtensor(g, "gate_proj.weight", n, h))
             .transpose()?;
-        let up = Up::Columns(qcolumns(up, "up_proj.weight", n, h)?);
-        let down = qcolumns(down, "down_proj.weight", h, n)?;
+        let up = Up::Columns(Columns::from_qtensor(up, "up_proj.weight", n, h)?);
+        let down = Columns::from_qtensor(down, "down_proj.weight", h, n)?;
         Self::build(spec, gate, up, down, threads, tier)
     }
 
@@ -397,10 +323,10 @@ impl InputSparseFfn {
     }
 
     /// Per-entry score factors of `m`'s inputs: `None` for `|x|`.
-    fn weight<'a>(&self, m: &'a ColumnMatrix) -> Option<&'a [f32]> {
+    fn weight<'a>(&self, m: &'a Columns) -> Option<&'a [f32]> {
         match self.score {
             InputScore::Magnitude => None,
-            InputScore::Wina => Some(m.column_norms()),
+            InputScore::Wina => Some(m.norms()),
         }
     }
 
@@ -451,13 +377,11 @@ impl InputSparseFfn {
         out: &mut [f32],
     ) {
         let n = self.spec.intermediate;
-        let quant = matches!(self.down.storage(), ColumnStorage::Quant(_));
         self.record(x, None);
         let (ups, keep) = match &self.up {
-            Up::Columns(um) => (self.gate_up_columns(s, t, x, um, quant), None),
+            Up::Columns(um) => (self.gate_up_columns(s, t, x, um), None),
             Up::Rows(rows) => self.gate_up_rows(s, t, chess, x, rows),
         };
-        let cg = self.gate.as_ref().map_or(0, |g| g.chunks());
         let Scratch {
             gate,
             up,
@@ -490,13 +414,12 @@ impl InputSparseFfn {
             }
         }
         self.record(x, Some((h, u)));
-        down.mask(h, self.weight(&self.down), t.down, quant);
+        down.mask(h, self.weight(&self.down), t.down, &self.down);
         let cd = self.down.chunks();
         y.resize(cd * CHUNK, 0.0);
         let (k, down_in) = (&self.kernels, &*down);
         self.pool.run_chunks(y, cd, CHUNK, &|r, part| {
-            let i = down_in;
-            column_product(k, &self.down, r, &i.x, &i.q, &i.active.cols, part);
+            self.down.product(k, r, down_in, part);
         });
         match &self.down_bias {
             Some(b) => {
@@ -506,24 +429,17 @@ impl InputSparseFfn {
             }
             None => out.copy_from_slice(&y[..self.spec.hidden]),
         }
-        let dense_of = |m: &ColumnMatrix| m.bytes_read(m.cols(), m.cols().div_ceil(crate::cpu::QK));
-        let mut read = self
-            .down
-            .bytes_read(down.active.cols.len(), down.active.blocks);
-        let mut dense = dense_of(&self.down);
+        let mut read = self.down.bytes_read(down);
+        let mut dense = self.down.dense_bytes();
         if let Some(gm) = &self.gate {
-            read += gm.bytes_read(gate.active.cols.len(), gate.active.blocks);
-            dense += dense_of(gm);
+            read += gm.bytes_read(gate);
+            dense += gm.dense_bytes();
         }
         match (&self.up, keep) {
             (Up::Columns(um), _) => {
-                let a = if cg > 0 && self.shares_input(t) {
-                    &*gate
-                } else {
-                    &*up
-                };
-                read += um.bytes_read(a.active.cols.len(), a.active.blocks);
-                dense += dense_of(um);
+                let a = if self.shares_input(t) { &*gate } else { &*up };
+                read += um.bytes_read(a);
+                dense += um.dense_bytes();
             }
             (Up::Rows(rows), keep) => {
                 read += rows.row_bytes() * keep.unwrap_or(n);
@@ -536,9 +452,13 @@ impl InputSparseFfn {
     }
 
     /// Whether gate and up read one masked input: `|x|` with one threshold for both (TEAL's
-    /// default split).
+    /// default split), and one block type (or floats) for both.
     fn shares_input(&self, t: InputThresholds) -> bool {
-        self.gate.is_some() && self.score == InputScore::Magnitude && t.gate == t.up
+        let same = match (&self.gate, &self.up) {
+            (Some(g), Up::Columns(u)) => g.same_input(u),
+            _ => false,
+        };
+        same && self.score == InputScore::Magnitude && t.gate == t.up
     }
 
     /// Gate and up over column-major weights in one dispatch; returns where up's values start
@@ -548,16 +468,15 @@ impl InputSparseFfn {
         s: &mut Scratch,
         t: InputThresholds,
         x: &[f32],
-        um: &ColumnMatrix,
-        quant: bool,
+        um: &Columns,
     ) -> usize {
         let Scratch { gate, up, gu, .. } = s;
         if let Some(gm) = &self.gate {
-            gate.mask(x, self.weight(gm), t.gate, quant);
+            gate.mask(x, self.weight(gm), t.gate, gm);
         }
         let shared = self.shares_input(t);
         if !shared {
-            up.mask(x, self.weight(um), t.up, quant);
+            up.mask(x, self.weight(um), t.up, um);
         }
         let cg = self.gate.as_ref().map_or(0, |g| g.chunks());
         let cu = um.chunks();
@@ -570,16 +489,12 @@ impl InputSparseFfn {
             let (pg, pu) = part.split_at_mut(split);
             if let Some(gm) = &self.gate {
                 if !pg.is_empty() {
-                    let i = gate_in;
-                    let c = r.start..r.start + pg.len() / CHUNK;
-                    column_product(k, gm, c, &i.x, &i.q, &i.active.cols, pg);
+                    gm.product(k, r.start..r.start + pg.len() / CHUNK, gate_in, pg);
                 }
             }
             if !pu.is_empty() {
                 let start = r.start.max(cg) - cg;
-                let i = up_in;
-                let c = start..start + pu.len() / CHUNK;
-                column_product(k, um, c, &i.x, &i.q, &i.active.cols, pu);
+                um.product(k, start..start + pu.len() / CHUNK, up_in, pu);
             }
         });
         cg * CHUNK

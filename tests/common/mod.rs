@@ -211,6 +211,13 @@ pub fn quantized(x: &[f32]) -> QuantizedRow {
     q
 }
 
+/// `x` quantized as `l` takes its input (any block type).
+pub fn quantized_for(l: &powerinfer::QLinear, x: &[f32]) -> QuantizedRow {
+    let mut q = QuantizedRow::default();
+    q.quantize_for(x, l.inputs());
+    q
+}
+
 /// `rows` rows of `cols` weights: random bytes, f16 fields finite in `[-scale, scale)`.
 pub fn random_rows(
     kind: powerinfer::cpu::BlockKind,

@@ -247,9 +247,16 @@ impl ColumnBlocks {
             _ => &[0, 2][..f.heads],
         };
         let mut ints = [0i32; QK_K];
+        // Where each column's run starts in the current slab: no division per weight.
+        let mut runs = Vec::with_capacity(cols);
         for (r, row) in src.chunks_exact(rb.max(1)).enumerate() {
             let (base, o) = m.slab(r / SLAB_ROWS);
+            if r % SLAB_ROWS == 0 {
+                runs.clear();
+                runs.extend((0..cols).map(|c| o.column(c, f.planes)));
+            }
             let (r, data) = (r % SLAB_ROWS, &mut m.data[base..]);
+            let (at, l) = (r / UNIT_ROWS * f.unit, r % UNIT_ROWS);
             for (b, blk) in row.chunks_exact(bb).enumerate() {
                 for (h, &at) in heads.iter().enumerate() {
                     data[o.head(b, h) + 2 * r..][..2].copy_from_slice(&blk[at..at + 2]);
@@ -267,11 +274,10 @@ impl ColumnBlocks {
                     }
                 }
                 blocks::block_ints(kind, blk, &mut ints);
-                for (i, &q) in ints[..kind.block_elems()].iter().enumerate() {
-                    let c = b * kind.block_elems() + i;
-                    let unit = o.column(c, f.planes) + r / UNIT_ROWS * f.unit;
-                    let u = (q + f.offset) as u8;
-                    put(f.bits, &mut data[unit..unit + f.unit], r % UNIT_ROWS, u);
+                let elems = kind.block_elems();
+                for (&q, &run) in ints[..elems].iter().zip(&runs[b * elems..]) {
+                    let unit = &mut data[run + at..run + at + f.unit];
+                    put(f.bits, unit, l, (q + f.offset) as u8);
                 }
             }
         }

@@ -1,0 +1,230 @@
+//! One matrix of the input-sparse FFN, column-major, and one product's input.
+//!
+//! GGUF weights of every block type the dense decoder runs are the file's blocks laid out as
+//! [`ColumnBlocks`] (skip unit: one input channel); float weights are a [`ColumnMatrix`] in
+//! f32, f16 or bf16.
+
+use std::ops::Range;
+
+use candle_core::quantized::QTensor;
+
+use crate::cpu::{
+    dequantize_blocks, ActiveChannels, ActiveColumns, BlockKind, ColumnBlocks, ColumnMatrix,
+    Kernels, QuantizedRow, CHUNK,
+};
+use crate::error::{Error, Result};
+
+/// A matrix `[rows, cols]` (`y = W x`, `x` of `cols` values) stored by input column.
+pub(super) enum Columns {
+    /// The file's blocks, with each column's Euclidean norm (WINA's factor).
+    Blocks {
+        m: ColumnBlocks,
+        norms: Vec<f32>,
+    },
+    Floats(ColumnMatrix),
+}
+
+impl std::fmt::Debug for Columns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Columns::Blocks { m, .. } => write!(f, "{} blocks", m.kind()),
+            Columns::Floats(m) => write!(f, "{:?}", m.storage()),
+        }
+    }
+}
+
+impl Columns {
+    /// A GGUF tensor `[rows, cols]` (any block type of [`BlockKind`]) laid out by column.
+    pub(super) fn from_qtensor(t: &QTensor, name: &str, rows: usize, cols: usize) -> Result<Self> {
+        let (kind, data) = blocks(t, name, rows, cols)?;
+        Self::from_blocks(kind, rows, cols, &data, name)
+    }
+
+    /// `rows` rows of `cols` weights in GGUF's row-major block layout, laid out by column
+    /// (errors name the matrix `name`).
+    pub(super) fn from_blocks(
+        kind: BlockKind,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        name: &str,
+    ) -> Result<Self> {
+        let m = ColumnBlocks::from_blocks(kind, rows, cols, data)
+            .map_err(|e| Error::config(name, e.to_string()))?;
+        Ok(Columns::Blocks {
+            norms: column_norms(kind, cols, data),
+            m,
+        })
+    }
+
+    pub(super) fn rows(&self) -> usize {
+        match self {
+            Columns::Blocks { m, .. } => m.rows(),
+            Columns::Floats(m) => m.rows(),
+        }
+    }
+
+    pub(super) fn cols(&self) -> usize {
+        match self {
+            Columns::Blocks { m, .. } => m.cols(),
+            Columns::Floats(m) => m.cols(),
+        }
+    }
+
+    /// Output chunks of [`CHUNK`] rows: how the pool splits a product.
+    pub(super) fn chunks(&self) -> usize {
+        self.rows().div_ceil(CHUNK)
+    }
+
+    /// Bytes held.
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Columns::Blocks { m, .. } => m.bytes(),
+            Columns::Floats(m) => m.bytes(),
+        }
+    }
+
+    /// Each column's Euclidean norm.
+    pub(super) fn norms(&self) -> &[f32] {
+        match self {
+            Columns::Blocks { norms, .. } => norms,
+            Columns::Floats(m) => m.column_norms(),
+        }
+    }
+
+    /// The block type, for block matrices.
+    pub(super) fn kind(&self) -> Option<BlockKind> {
+        match self {
+            Columns::Blocks { m, .. } => Some(m.kind()),
+            Columns::Floats(_) => None,
+        }
+    }
+
+    /// Whether one [`Input`] made for `self` also serves `other`.
+    pub(super) fn same_input(&self, other: &Columns) -> bool {
+        self.kind() == other.kind()
+    }
+
+    /// Bytes a product over `i` reads (`i` made for this matrix).
+    pub(super) fn bytes_read(&self, i: &Input) -> usize {
+        match self {
+            Columns::Blocks { m, .. } => m.bytes_read(&i.channels),
+            Columns::Floats(m) => m.bytes_read(i.columns.columns().len(), i.columns.blocks()),
+        }
+    }
+
+    /// Bytes a product over an input with no zero reads.
+    pub(super) fn dense_bytes(&self) -> usize {
+        match self {
+            Columns::Blocks { m, .. } => m.bytes(),
+            Columns::Floats(m) => m.bytes_read(m.cols(), m.cols().div_ceil(crate::cpu::QK)),
+        }
+    }
+
+    /// `out = W x` for the output rows of `chunks` (`out` holds `chunks.len() * CHUNK`
+    /// values; rows past the matrix's are left as they are), `x` made for this matrix.
+    pub(super) fn product(&self, k: &Kernels, chunks: Range<usize>, x: &Input, out: &mut [f32]) {
+        match self {
+            Columns::Blocks { m, .. } => {
+                let per = CHUNK / crate::cpu::UNIT_ROWS;
+                let units = chunks.start * per..chunks.end * per;
+                k.column_blocks(m, units, &x.q, &x.channels, out);
+            }
+            Columns::Floats(m) => {
+                crate::cpu::column_product(k, m, chunks, &x.x, &x.q, x.columns.columns(), out)
+            }
+        }
+    }
+}
+
+/// A GGUF tensor `[rows, cols]`'s block type and bytes, checked: the shape, and a block type of
+/// [`BlockKind`].
+pub(super) fn blocks<'a>(
+    t: &'a QTensor,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<(BlockKind, std::borrow::Cow<'a, [u8]>)> {
+    if t.shape().dims() != [rows, cols] {
+        return Err(Error::shape(
+            name,
+            &[Some(rows), Some(cols)],
+            t.shape().dims(),
+        ));
+    }
+    let kind = BlockKind::from_ggml(t.dtype()).ok_or_else(|| {
+        Error::config(
+            "storage",
+            format!(
+                "tensor `{name}` is {:?}; input-sparse layers keep Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, \
+                 Q4_K, Q5_K and Q6_K blocks",
+                t.dtype()
+            ),
+        )
+    })?;
+    Ok((kind, t.data()?))
+}
+
+/// The Euclidean norm of each of the `cols` columns of row-major blocks `data`.
+fn column_norms(kind: BlockKind, cols: usize, data: &[u8]) -> Vec<f32> {
+    let mut sq = vec![0f64; cols];
+    let mut row = vec![0f32; cols];
+    for w in data.chunks_exact(kind.row_bytes(cols)) {
+        dequantize_blocks(kind, w, &mut row);
+        for (s, &v) in sq.iter_mut().zip(&row) {
+            *s += f64::from(v) * f64::from(v);
+        }
+    }
+    sq.into_iter().map(|s| s.sqrt() as f32).collect()
+}
+
+/// One product's input: the masked row, its quantized form and the channels it keeps.
+#[derive(Debug, Default)]
+pub(super) struct Input {
+    x: Vec<f32>,
+    q: QuantizedRow,
+    columns: ActiveColumns,
+    channels: ActiveChannels,
+}
+
+impl Input {
+    /// `x` with the entries whose score is at most `t` zeroed (`weight`: per-entry factor of the
+    /// score, `None` for `|x|`), made for `m`: quantized as its block type takes it.
+    pub(super) fn mask(&mut self, x: &[f32], weight: Option<&[f32]>, t: f32, m: &Columns) {
+        self.x.clear();
+        match weight {
+            None => self
+                .x
+                .extend(x.iter().map(|&v| if v.abs() > t { v } else { 0.0 })),
+            Some(w) => self.x.extend(
+                x.iter()
+                    .zip(w)
+                    .map(|(&v, &n)| if v.abs() * n > t { v } else { 0.0 }),
+            ),
+        }
+        match m {
+            Columns::Blocks { m, .. } => {
+                let inputs = m.kind().inputs();
+                if inputs.k {
+                    self.q.quantize_for(&self.x, inputs);
+                } else {
+                    self.q.quantize_values(&self.x);
+                }
+                self.channels.of(m.kind(), &self.q);
+            }
+            Columns::Floats(_) => self.columns.of_f32(&self.x),
+        }
+    }
+
+    /// The whole row (no mask) quantized for row-major blocks of `kind`: CHESS's up rows.
+    pub(super) fn whole(&mut self, x: &[f32], kind: BlockKind) {
+        self.x.clear();
+        self.x.extend_from_slice(x);
+        self.q.quantize_for(x, kind.inputs());
+    }
+
+    /// The quantized row.
+    pub(super) fn quantized(&self) -> &QuantizedRow {
+        &self.q
+    }
+}
