@@ -9,7 +9,9 @@
 //! `keep50`: the channels of an activation are small or large independently, so a rule's kept
 //! set looks random to the layout). `BENCH_COPIES=N` cycles N copies of each matrix (past the
 //! last-level cache with enough copies, so every byte comes from DRAM);
-//! `BENCH_SHAPES=576x1536,...` picks the shapes (`hidden x ffn`).
+//! `BENCH_SHAPES=576x1536,...` picks the shapes (`hidden x ffn`), `BENCH_KINDS=Q4_K,...` the
+//! block types (the others are not even built: with many copies, laying them out takes longer
+//! than the measurement).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use powerinfer::cpu::{
@@ -74,6 +76,11 @@ fn shapes() -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// Whether `BENCH_KINDS` (comma-separated names; unset: all) asks for `kind`.
+fn wanted(kind: BlockKind) -> bool {
+    std::env::var("BENCH_KINDS").map_or(true, |v| v.split(',').any(|k| k == kind.name()))
+}
+
 fn products(c: &mut Criterion) {
     let copies = env("BENCH_COPIES", 1).max(1);
     let k = Kernels::new(SimdLevel::best()).unwrap();
@@ -84,7 +91,7 @@ fn products(c: &mut Criterion) {
                 .warm_up_time(Duration::from_millis(300))
                 .measurement_time(Duration::from_secs(1));
             for kind in BlockKind::ALL {
-                if cols % kind.block_elems() != 0 {
+                if cols % kind.block_elems() != 0 || !wanted(kind) {
                     continue;
                 }
                 let w = blocks(kind, rows, cols);

@@ -246,38 +246,47 @@ impl ColumnBlocks {
             BlockKind::Q6K => &[208],
             _ => &[0, 2][..f.heads],
         };
-        let mut ints = [0i32; QK_K];
+        let elems = kind.block_elems();
+        // One unit of rows at a time: a block's values for 32 rows, then each column's unit
+        // written whole (row by row, every weight would touch another column's cache line).
+        let mut ints = vec![0i32; UNIT_ROWS * QK_K];
         // Where each column's run starts in the current slab: no division per weight.
         let mut runs = Vec::with_capacity(cols);
-        for (r, row) in src.chunks_exact(rb.max(1)).enumerate() {
-            let (base, o) = m.slab(r / SLAB_ROWS);
-            if r % SLAB_ROWS == 0 {
+        for (t, tile) in src.chunks(UNIT_ROWS * rb).enumerate() {
+            let r0 = t * UNIT_ROWS;
+            let (base, o) = m.slab(r0 / SLAB_ROWS);
+            if r0.is_multiple_of(SLAB_ROWS) {
                 runs.clear();
                 runs.extend((0..cols).map(|c| o.column(c, f.planes)));
             }
-            let (r, data) = (r % SLAB_ROWS, &mut m.data[base..]);
-            let (at, l) = (r / UNIT_ROWS * f.unit, r % UNIT_ROWS);
-            for (b, blk) in row.chunks_exact(bb).enumerate() {
-                for (h, &at) in heads.iter().enumerate() {
-                    data[o.head(b, h) + 2 * r..][..2].copy_from_slice(&blk[at..at + 2]);
-                }
-                for j in 0..o.groups_per_block {
-                    let g = b * o.groups_per_block + j;
-                    match kind {
-                        BlockKind::Q4K | BlockKind::Q5K => {
-                            let (sc, mn) = blocks::scale_min_k4(j, &blk[4..16]);
-                            data[o.plane(g, 0) + r] = sc as u8;
-                            data[o.plane(g, 1) + r] = mn as u8;
-                        }
-                        BlockKind::Q6K => data[o.plane(g, 0) + r] = blk[192 + j],
-                        _ => {}
+            let (r0, data) = (r0 % SLAB_ROWS, &mut m.data[base..]);
+            let at = r0 / UNIT_ROWS * f.unit;
+            let n = tile.len() / rb;
+            for b in 0..cols / elems {
+                for (l, row) in tile.chunks_exact(rb).enumerate() {
+                    let (blk, r) = (&row[b * bb..(b + 1) * bb], r0 + l);
+                    for (h, &at) in heads.iter().enumerate() {
+                        data[o.head(b, h) + 2 * r..][..2].copy_from_slice(&blk[at..at + 2]);
                     }
+                    for j in 0..o.groups_per_block {
+                        let g = b * o.groups_per_block + j;
+                        match kind {
+                            BlockKind::Q4K | BlockKind::Q5K => {
+                                let (sc, mn) = blocks::scale_min_k4(j, &blk[4..16]);
+                                data[o.plane(g, 0) + r] = sc as u8;
+                                data[o.plane(g, 1) + r] = mn as u8;
+                            }
+                            BlockKind::Q6K => data[o.plane(g, 0) + r] = blk[192 + j],
+                            _ => {}
+                        }
+                    }
+                    blocks::block_ints(kind, blk, &mut ints[l * elems..(l + 1) * elems]);
                 }
-                blocks::block_ints(kind, blk, &mut ints);
-                let elems = kind.block_elems();
-                for (&q, &run) in ints[..elems].iter().zip(&runs[b * elems..]) {
+                for (i, &run) in runs[b * elems..(b + 1) * elems].iter().enumerate() {
                     let unit = &mut data[run + at..run + at + f.unit];
-                    put(f.bits, unit, l, (q + f.offset) as u8);
+                    for l in 0..n {
+                        put(f.bits, unit, l, (ints[l * elems + i] + f.offset) as u8);
+                    }
                 }
             }
         }

@@ -8,7 +8,10 @@
 //! load and store of the sums. After a group the sums are scaled into the K-quants' per-block
 //! integer sums, after a block into the outputs, in the dense kernel's order. The kept channels
 //! form one stream with jumps, so the kernel asks for the bytes [`AHEAD`] further along that
-//! stream (not along memory), one hint per line, as the dense kernel does along its records.
+//! stream (not along memory), one hint per line, as the dense kernel does along its records;
+//! a group's byte planes and a block's f16 planes, read after the runs, are asked for line by
+//! line during the group's first pass (on Qwen2.5-1.5B's down, Q4_K, 60% kept, this took the
+//! kernel from 57% to 68% of the dense kernel's GB/s from DRAM).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -133,6 +136,34 @@ impl<'a> Ahead<'a> {
     }
 }
 
+/// Planes read after a pass (a group's byte planes, a block's f16 planes), asked for as the
+/// pass goes: per unit of rows, the line holding that unit's bytes of each plane.
+#[derive(Clone, Copy, Default)]
+struct Later {
+    /// Where each plane's rows of the pass start, and its bytes per row.
+    planes: [(usize, usize); 4],
+    len: usize,
+}
+
+impl Later {
+    fn push(&mut self, p: *const u8, bytes_per_row: usize) {
+        self.planes[self.len] = (p as usize, bytes_per_row);
+        self.len += 1;
+    }
+
+    /// Asks for unit `k`'s bytes of each plane, where they start a new line.
+    #[inline(always)]
+    fn unit(&self, k: usize) {
+        for &(p, per) in &self.planes[..self.len] {
+            let at = p + k * UNIT_ROWS * per;
+            if at & 63 < UNIT_ROWS * per || k == 0 {
+                // SAFETY: prefetches are hints and never fault; SSE is part of x86-64.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(at as *const i8) };
+            }
+        }
+    }
+}
+
 /// `vpermb` indices interleaving four 16-byte units (one per channel) into 16 rows x 4
 /// channels: byte `4 l + c` takes byte `l` of unit `c`.
 const INTERLEAVE: [u8; 64] = {
@@ -196,11 +227,13 @@ unsafe fn pass<const BITS: u32, const N: usize, const FIRST: bool>(
     unit: usize,
     isum: *mut i32,
     ahead: &mut Ahead,
+    later: Later,
 ) {
     // SAFETY: a constant table of 64 bytes.
     let idx = unsafe { _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()) };
     for k in 0..units {
         ahead.advance(real * unit);
+        later.unit(k);
         // SAFETY: each `src` starts a run of `units` whole units; `isum` holds `32 units`
         // values.
         unsafe {
@@ -237,6 +270,7 @@ unsafe fn channels_pass<const BITS: u32>(
     unit: usize,
     isum: *mut i32,
     ahead: &mut Ahead,
+    later: Later,
 ) {
     let four = |j: usize| {
         let mut src = [run(channels[0] as usize); 4];
@@ -256,8 +290,8 @@ unsafe fn channels_pass<const BITS: u32>(
             // SAFETY: forwarded contract.
             unsafe {
                 match first {
-                    true => pass::<BITS, $n, true>(src, xb, real, units, unit, isum, ahead),
-                    false => pass::<BITS, $n, false>(src, xb, real, units, unit, isum, ahead),
+                    true => pass::<BITS, $n, true>(src, xb, real, units, unit, isum, ahead, later),
+                    false => pass::<BITS, $n, false>(src, xb, real, units, unit, isum, ahead, later),
                 }
             }
         }};
@@ -315,9 +349,26 @@ unsafe fn vnni<const BITS: u32>(
         let mut ahead = Ahead::new(data, o, f, &active.channels, u0, end - u);
         for block in runs(&active.channels, per_block) {
             let b = block[0] as usize / per_block;
+            let heads = [o.head(b, 0) + 2 * row0, o.head(b, 1) + 2 * row0];
             for (gi, group) in runs(block, per_group).enumerate() {
+                let g = group[0] as usize / per_group;
+                let planes = [o.plane(g, 0) + row0, o.plane(g, 1) + row0];
+                // The planes are read once per group (heads: per block), after its runs: the
+                // group's first pass asks for them as it goes, so they arrive while the runs
+                // stream (as demand misses they would stall the scaling; asked for all at once,
+                // the hints would queue behind each other).
+                let mut later = Later::default();
+                for &p in &planes[..f.planes] {
+                    later.push(data.wrapping_add(p), 1);
+                }
+                if gi == 0 {
+                    for &h in &heads[..f.heads] {
+                        later.push(data.wrapping_add(h), 2);
+                    }
+                }
                 let run = |c: usize| data.wrapping_add(o.column(c, f.planes) + u0 * f.unit);
                 for (i, chans) in group.chunks(16).enumerate() {
+                    let later = if i == 0 { later } else { Later::default() };
                     let s = isum.as_mut_ptr();
                     // SAFETY: the slab's run of each channel holds `o.pad / 32` units, of which
                     // `u0..u0 + n / 32` are read; `isum` holds `SLAB_ROWS >= n` values.
@@ -331,12 +382,11 @@ unsafe fn vnni<const BITS: u32>(
                             f.unit,
                             s,
                             &mut ahead,
+                            later,
                         )
                     }
                 }
                 if kind.inputs().k {
-                    let g = group[0] as usize / per_group;
-                    let planes = [o.plane(g, 0) + row0, o.plane(g, 1) + row0];
                     // SAFETY: a group's planes hold a byte per row of the slab, rows
                     // `row0..row0 + n` inside; the arrays hold `n` values.
                     unsafe {
@@ -354,7 +404,6 @@ unsafe fn vnni<const BITS: u32>(
                     };
                 }
             }
-            let heads = [o.head(b, 0) + 2 * row0, o.head(b, 1) + 2 * row0];
             // SAFETY: a block's head planes hold a half per row of the slab, rows
             // `row0..row0 + n` inside; `acc` and the arrays hold `n` values.
             unsafe { apply_block(kind, f, data, heads, x, b, &isum, &sumi, &summ, acc) };
