@@ -147,6 +147,7 @@ impl Offsets {
         let group = f.planes * pad + f.group * column;
         let head = 2 * f.heads * pad;
         let groups_per_block = kind.block_elems() / f.group;
+        debug_assert!(groups_per_block.is_power_of_two() && f.group.is_power_of_two());
         Offsets {
             pad,
             column,
@@ -164,14 +165,21 @@ impl Offsets {
     }
 
     /// Where byte plane `p` of group `g` (counted over the whole row) starts.
+    #[inline(always)]
     pub fn plane(&self, g: usize, p: usize) -> usize {
-        let (b, j) = (g / self.groups_per_block, g % self.groups_per_block);
+        // Powers of two (1, 8 or 16 groups per block): shifts, not divisions, as the kernels
+        // find each kept channel's run with this.
+        let shift = self.groups_per_block.trailing_zeros();
+        let (b, j) = (g >> shift, g & (self.groups_per_block - 1));
         b * self.block + self.head + j * self.group + p * self.pad
     }
 
     /// Where column `c`'s run starts.
+    #[inline(always)]
     pub fn column(&self, c: usize, planes: usize) -> usize {
-        self.plane(c / self.columns, planes) + (c % self.columns) * self.column
+        // 32 or 16 columns per group.
+        let shift = self.columns.trailing_zeros();
+        self.plane(c >> shift, planes) + (c & (self.columns - 1)) * self.column
     }
 }
 

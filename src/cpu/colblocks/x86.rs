@@ -4,7 +4,7 @@
 //! time: per 32 rows, the four channels' 16-byte units are loaded into one vector and one
 //! `vpermb` interleaves them into 16 rows x 4 channels of nibbles (the fifth and sixth bits are
 //! spread into byte masks with `pdep`), so one `vpdpbusd` per 16 rows adds the four products
-//! into the group's integer sums (an `i32` array on the stack). Up to 16 channels share one
+//! into the group's integer sums (an `i32` array on the stack). Up to 8 channels (Q6_K 16) share one
 //! load and store of the sums. After a group the sums are scaled into the K-quants' per-block
 //! integer sums, after a block into the outputs, in the dense kernel's order. The kept channels
 //! form one stream with jumps, so the kernel asks for the bytes [`AHEAD`] further along that
@@ -23,6 +23,19 @@ use crate::cpu::quant::QuantizedRow;
 
 /// Units per slab: a pass covers one slab's rows (or a thread's share of them).
 const SLAB_UNITS: usize = SLAB_ROWS / UNIT_ROWS;
+
+/// Channels per pass at most (they share one load and store of the group's sums per unit of
+/// rows; more channels are more runs streamed at once). Measured from DRAM on Qwen2.5-1.5B's
+/// gate and down, 60% kept, against 16: 8 channels read 2-5 points of the dense kernel's GB/s
+/// more for the 4- and 5-bit types and Q8_0's down 13 more (its gate 4 less); 32 lost 3-6.
+/// Q6_K (16-channel groups) does better with its whole group in one pass.
+const fn pass_channels(bits: u32) -> usize {
+    if bits == 6 {
+        16
+    } else {
+        8
+    }
+}
 
 /// Bytes ahead, along the kept channels, that the kernel asks for (into L2), as the dense
 /// kernel's 16 KiB along its records.
@@ -256,7 +269,7 @@ unsafe fn pass<const BITS: u32, const N: usize, const FIRST: bool>(
     }
 }
 
-/// [`pass`] over up to 16 channels of one group (`run(c)`: where channel `c`'s run starts in
+/// [`pass`] over up to 16 channels of one group (at most [`pass_channels`]) (`run(c)`: where channel `c`'s run starts in
 /// the pass), with their input bytes from `xq`; channels past a multiple of four are padded
 /// with the first one against an input byte of 0.
 #[inline(always)]
@@ -300,7 +313,11 @@ unsafe fn channels_pass<const BITS: u32>(
         1 => pass!(1, 0),
         2 => pass!(2, 0, 1),
         3 => pass!(3, 0, 1, 2),
-        _ => pass!(4, 0, 1, 2, 3),
+        4 => pass!(4, 0, 1, 2, 3),
+        5 => pass!(5, 0, 1, 2, 3, 4),
+        6 => pass!(6, 0, 1, 2, 3, 4, 5),
+        7 => pass!(7, 0, 1, 2, 3, 4, 5, 6),
+        _ => pass!(8, 0, 1, 2, 3, 4, 5, 6, 7),
     }
 }
 
@@ -367,7 +384,7 @@ unsafe fn vnni<const BITS: u32>(
                     }
                 }
                 let run = |c: usize| data.wrapping_add(o.column(c, f.planes) + u0 * f.unit);
-                for (i, chans) in group.chunks(16).enumerate() {
+                for (i, chans) in group.chunks(pass_channels(BITS)).enumerate() {
                     let later = if i == 0 { later } else { Later::default() };
                     let s = isum.as_mut_ptr();
                     // SAFETY: the slab's run of each channel holds `o.pad / 32` units, of which
