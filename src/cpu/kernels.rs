@@ -155,6 +155,8 @@ pub struct Kernels {
     pub(crate) gemm_q: GemmFn,
     pub(crate) columns_q: columns::ColumnsFn,
     column_blocks_q: colblocks::ColumnBlocksFn,
+    /// Whether `column_blocks_q` is a SIMD kernel (else the portable product).
+    column_blocks_simd: bool,
     dot_qs: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
     dot2_qs: fn(QuantKind, [&[u8]; 2], &QuantizedRow) -> [f32; 2],
     axpy_qs: fn(&mut [f32], f32, &[u8]),
@@ -213,6 +215,7 @@ macro_rules! table {
             gemm_q: packed::gemm_scalar,
             columns_q: columns::product_scalar,
             column_blocks_q: colblocks::product_scalar,
+            column_blocks_simd: false,
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,
@@ -279,8 +282,15 @@ impl Kernels {
             // SAFETY: AVX-512F/BW/VL/VNNI detected by `has_vnni512`, the rest by `supported`.
             k.column_blocks_q =
                 |m, u, x, a, o| unsafe { colblocks::x86::product_vnni(m, u, x, a, o) };
+            k.column_blocks_simd = true;
         }
         Ok(k)
+    }
+
+    /// Whether [`Kernels::column_blocks`] runs a SIMD kernel on this tier (AVX-512 VNNI with
+    /// VBMI and BMI2); elsewhere it runs the portable product, several times slower.
+    pub fn has_column_blocks_simd(&self) -> bool {
+        self.column_blocks_simd
     }
 
     /// True when the integer kernels of this table use AVX-512 VNNI.
@@ -316,6 +326,7 @@ impl Kernels {
             gemm_q: packed::gemm_scalar,
             columns_q: columns::product_scalar,
             column_blocks_q: colblocks::product_scalar,
+            column_blocks_simd: false,
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
             axpy_qs: split::axpy_scalar,

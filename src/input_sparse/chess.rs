@@ -98,9 +98,10 @@ impl InputSparseFfn {
             row_bytes,
             data,
         };
-        let gate = Columns::from_qtensor(gate, "gate_proj.weight", n, h)?;
-        let down = Columns::from_qtensor(down, "down_proj.weight", h, n)?;
-        Self::build(spec, Some(gate), Up::Rows(rows), down, threads, tier)
+        let k = super::kernels(threads, tier)?;
+        let gate = Columns::from_qtensor(gate, "gate_proj.weight", n, h, &k)?;
+        let down = Columns::from_qtensor(down, "down_proj.weight", h, n, &k)?;
+        Self::build(spec, Some(gate), Up::Rows(rows), down, threads, k)
     }
 
     /// Sets (or with `None` clears) the CHESS rule; needs up stored as rows

@@ -1,8 +1,11 @@
 //! One matrix of the input-sparse FFN, column-major, and one product's input.
 //!
 //! GGUF weights of every block type the dense decoder runs are the file's blocks laid out as
-//! [`ColumnBlocks`] (skip unit: one input channel); float weights are a [`ColumnMatrix`] in
-//! f32, f16 or bf16.
+//! [`ColumnBlocks`] (skip unit: one input channel). Its SIMD kernel needs AVX-512 VNNI with VBMI
+//! and BMI2; on other tiers Q4_0, Q4_1 and Q8_0 blocks take the older [`ColumnMatrix`] layout,
+//! which has AVX2 kernels (the portable column-block product is 7-8x slower than the dense
+//! decoder there), and the other types the portable product. Float weights are a
+//! [`ColumnMatrix`] in f32, f16 or bf16.
 
 use std::ops::Range;
 
@@ -17,40 +20,54 @@ use crate::error::{Error, Result};
 /// A matrix `[rows, cols]` (`y = W x`, `x` of `cols` values) stored by input column.
 pub(super) enum Columns {
     /// The file's blocks, with each column's Euclidean norm (WINA's factor).
-    Blocks {
-        m: ColumnBlocks,
-        norms: Vec<f32>,
-    },
-    Floats(ColumnMatrix),
+    Blocks { m: ColumnBlocks, norms: Vec<f32> },
+    /// Floats, or Q4_0 / Q4_1 / Q8_0 blocks on tiers without a column-block SIMD kernel.
+    Matrix(ColumnMatrix),
 }
 
 impl std::fmt::Debug for Columns {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Columns::Blocks { m, .. } => write!(f, "{} blocks", m.kind()),
-            Columns::Floats(m) => write!(f, "{:?}", m.storage()),
+            Columns::Matrix(m) => write!(f, "{:?}", m.storage()),
         }
     }
 }
 
 impl Columns {
-    /// A GGUF tensor `[rows, cols]` (any block type of [`BlockKind`]) laid out by column.
-    pub(super) fn from_qtensor(t: &QTensor, name: &str, rows: usize, cols: usize) -> Result<Self> {
+    /// A GGUF tensor `[rows, cols]` (any block type of [`BlockKind`]) laid out by column for
+    /// `k`'s tier.
+    pub(super) fn from_qtensor(
+        t: &QTensor,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        k: &Kernels,
+    ) -> Result<Self> {
         let (kind, data) = blocks(t, name, rows, cols)?;
-        Self::from_blocks(kind, rows, cols, &data, name)
+        Self::from_blocks(kind, rows, cols, &data, name, k)
     }
 
-    /// `rows` rows of `cols` weights in GGUF's row-major block layout, laid out by column
-    /// (errors name the matrix `name`).
+    /// `rows` rows of `cols` weights in GGUF's row-major block layout, laid out by column for
+    /// `k`'s tier (errors name the matrix `name`).
     pub(super) fn from_blocks(
         kind: BlockKind,
         rows: usize,
         cols: usize,
         data: &[u8],
         name: &str,
+        k: &Kernels,
     ) -> Result<Self> {
-        let m = ColumnBlocks::from_blocks(kind, rows, cols, data)
-            .map_err(|e| Error::config(name, e.to_string()))?;
+        let named = |e: Error| Error::config(name, e.to_string());
+        match kind.quant_kind() {
+            Some(q) if !k.has_column_blocks_simd() => {
+                return ColumnMatrix::from_blocks(q, rows, cols, data)
+                    .map(Columns::Matrix)
+                    .map_err(named)
+            }
+            _ => {}
+        }
+        let m = ColumnBlocks::from_blocks(kind, rows, cols, data).map_err(named)?;
         Ok(Columns::Blocks {
             norms: column_norms(kind, cols, data),
             m,
@@ -60,14 +77,14 @@ impl Columns {
     pub(super) fn rows(&self) -> usize {
         match self {
             Columns::Blocks { m, .. } => m.rows(),
-            Columns::Floats(m) => m.rows(),
+            Columns::Matrix(m) => m.rows(),
         }
     }
 
     pub(super) fn cols(&self) -> usize {
         match self {
             Columns::Blocks { m, .. } => m.cols(),
-            Columns::Floats(m) => m.cols(),
+            Columns::Matrix(m) => m.cols(),
         }
     }
 
@@ -80,7 +97,7 @@ impl Columns {
     pub(super) fn bytes(&self) -> usize {
         match self {
             Columns::Blocks { m, .. } => m.bytes(),
-            Columns::Floats(m) => m.bytes(),
+            Columns::Matrix(m) => m.bytes(),
         }
     }
 
@@ -88,7 +105,7 @@ impl Columns {
     pub(super) fn norms(&self) -> &[f32] {
         match self {
             Columns::Blocks { norms, .. } => norms,
-            Columns::Floats(m) => m.column_norms(),
+            Columns::Matrix(m) => m.column_norms(),
         }
     }
 
@@ -96,20 +113,21 @@ impl Columns {
     pub(super) fn kind(&self) -> Option<BlockKind> {
         match self {
             Columns::Blocks { m, .. } => Some(m.kind()),
-            Columns::Floats(_) => None,
+            Columns::Matrix(_) => None,
         }
     }
 
     /// Whether one [`Input`] made for `self` also serves `other`.
     pub(super) fn same_input(&self, other: &Columns) -> bool {
-        self.kind() == other.kind()
+        let quant = |c: &Columns| matches!(c, Columns::Matrix(m) if m.quant().is_some());
+        self.kind() == other.kind() && quant(self) == quant(other)
     }
 
     /// Bytes a product over `i` reads (`i` made for this matrix).
     pub(super) fn bytes_read(&self, i: &Input) -> usize {
         match self {
             Columns::Blocks { m, .. } => m.bytes_read(&i.channels),
-            Columns::Floats(m) => m.bytes_read(i.columns.columns().len(), i.columns.blocks()),
+            Columns::Matrix(m) => m.bytes_read(i.columns.columns().len(), i.columns.blocks()),
         }
     }
 
@@ -117,7 +135,7 @@ impl Columns {
     pub(super) fn dense_bytes(&self) -> usize {
         match self {
             Columns::Blocks { m, .. } => m.bytes(),
-            Columns::Floats(m) => m.bytes_read(m.cols(), m.cols().div_ceil(crate::cpu::QK)),
+            Columns::Matrix(m) => m.bytes_read(m.cols(), m.cols().div_ceil(crate::cpu::QK)),
         }
     }
 
@@ -130,7 +148,7 @@ impl Columns {
                 let units = chunks.start * per..chunks.end * per;
                 k.column_blocks(m, units, &x.q, &x.channels, out);
             }
-            Columns::Floats(m) => {
+            Columns::Matrix(m) => {
                 crate::cpu::column_product(k, m, chunks, &x.x, &x.q, x.columns.columns(), out)
             }
         }
@@ -212,7 +230,11 @@ impl Input {
                 }
                 self.channels.of(m.kind(), &self.q);
             }
-            Columns::Floats(_) => self.columns.of_f32(&self.x),
+            Columns::Matrix(m) if m.quant().is_some() => {
+                self.q.quantize_values(&self.x);
+                self.columns.of_quantized(&self.q);
+            }
+            Columns::Matrix(_) => self.columns.of_f32(&self.x),
         }
     }
 

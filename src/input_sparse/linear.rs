@@ -62,9 +62,7 @@ impl InputSparseLinear {
         threads: usize,
         tier: Option<SimdLevel>,
     ) -> Result<Self> {
-        if threads == 0 {
-            return Err(Error::config("threads", "must be at least 1"));
-        }
+        let kernels = super::kernels(threads, tier)?;
         let Some(first) = ws.first() else {
             return Err(Error::config("InputSparseLinear weight", "no tensor given"));
         };
@@ -84,7 +82,14 @@ impl InputSparseLinear {
             rows += o;
             data.extend_from_slice(&w.data()?);
         }
-        let w = Columns::from_blocks(kind, rows, cols, &data, "InputSparseLinear weight")?;
+        let w = Columns::from_blocks(
+            kind,
+            rows,
+            cols,
+            &data,
+            "InputSparseLinear weight",
+            &kernels,
+        )?;
         let bias = match bias {
             Some(b) if b.dims() != [rows] => {
                 return Err(Error::shape(
@@ -101,10 +106,6 @@ impl InputSparseLinear {
                 Some(v)
             }
             None => None,
-        };
-        let kernels = match tier {
-            Some(t) => Kernels::new(t)?,
-            None => Kernels::detect()?,
         };
         Ok(InputSparseLinear {
             w,

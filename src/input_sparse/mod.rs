@@ -117,8 +117,19 @@ fn fcolumns(
     }
     let w = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     ColumnMatrix::from_f32(storage, rows, cols, &w)
-        .map(Columns::Floats)
+        .map(Columns::Matrix)
         .map_err(|e| Error::config(name, e.to_string()))
+}
+
+/// The kernel table for `tier` (`None`: detected), `threads` checked first.
+fn kernels(threads: usize, tier: Option<SimdLevel>) -> Result<Kernels> {
+    if threads == 0 {
+        return Err(Error::config("threads", "must be at least 1"));
+    }
+    match tier {
+        Some(t) => Kernels::new(t),
+        None => Kernels::detect(),
+    }
 }
 
 fn bias(t: Option<&Tensor>, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
@@ -140,21 +151,14 @@ impl InputSparseFfn {
         up: Up,
         down: Columns,
         threads: usize,
-        tier: Option<SimdLevel>,
+        kernels: Kernels,
     ) -> Result<Self> {
-        if threads == 0 {
-            return Err(Error::config("threads", "must be at least 1"));
-        }
         if spec.gated != gate.is_some() {
             return Err(Error::config(
                 "gated",
                 "a gate matrix must be given exactly for gated specs",
             ));
         }
-        let kernels = match tier {
-            Some(t) => Kernels::new(t)?,
-            None => Kernels::detect()?,
-        };
         Ok(InputSparseFfn {
             spec,
             gate,
@@ -187,12 +191,13 @@ impl InputSparseFfn {
         tier: Option<SimdLevel>,
     ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
+        let k = kernels(threads, tier)?;
         let gate = gate
-            .map(|g| Columns::from_qtensor(g, "gate_proj.weight", n, h))
+            .map(|g| Columns::from_qtensor(g, "gate_proj.weight", n, h, &k))
             .transpose()?;
-        let up = Up::Columns(Columns::from_qtensor(up, "up_proj.weight", n, h)?);
-        let down = Columns::from_qtensor(down, "down_proj.weight", h, n)?;
-        Self::build(spec, gate, up, down, threads, tier)
+        let up = Up::Columns(Columns::from_qtensor(up, "up_proj.weight", n, h, &k)?);
+        let down = Columns::from_qtensor(down, "down_proj.weight", h, n, &k)?;
+        Self::build(spec, gate, up, down, threads, k)
     }
 
     /// The FFN on float weights (`[out, in]` tensors, f32/f16/bf16, with optional biases),
@@ -211,7 +216,7 @@ impl InputSparseFfn {
             .transpose()?;
         let up = Up::Columns(fcolumns(w.up, "up_proj.weight", n, h, storage)?);
         let down = fcolumns(w.down, "down_proj.weight", h, n, storage)?;
-        let mut f = Self::build(spec, gate, up, down, threads, tier)?;
+        let mut f = Self::build(spec, gate, up, down, threads, kernels(threads, tier)?)?;
         f.gate_bias = bias(w.gate_bias, "gate_proj.bias", n)?;
         f.up_bias = bias(w.up_bias, "up_proj.bias", n)?;
         f.down_bias = bias(w.down_bias, "down_proj.bias", h)?;

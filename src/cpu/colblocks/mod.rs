@@ -196,19 +196,6 @@ fn put(bits: u32, unit: &mut [u8], l: usize, u: u8) {
     }
 }
 
-/// Reads back what [`put`] wrote.
-fn get(bits: u32, unit: &[u8], l: usize) -> u8 {
-    if bits == 8 {
-        return unit[l];
-    }
-    let mut u = (unit[l % 16] >> (4 * (l / 16))) & 0xF;
-    for bit in 4..bits {
-        let at = 16 + 4 * (bit as usize - 4) + l / 8;
-        u |= ((unit[at] >> (l % 8)) & 1) << bit;
-    }
-    u
-}
-
 impl ColumnBlocks {
     /// Lays out `rows` rows of `cols` weights given in GGUF's row-major block layout (`src` holds
     /// `rows * kind.row_bytes(cols)` bytes; `cols` a positive multiple of the block size). A
@@ -356,15 +343,6 @@ impl ColumnBlocks {
     pub(crate) fn data(&self) -> &[u8] {
         &self.data
     }
-
-    /// The stored (unsigned) value of row `r`, column `c`.
-    fn value(&self, r: usize, c: usize) -> i32 {
-        let f = format(self.kind);
-        let (base, o) = self.slab(r / SLAB_ROWS);
-        let r = r % SLAB_ROWS;
-        let unit = base + o.column(c, f.planes) + r / UNIT_ROWS * f.unit;
-        get(f.bits, &self.data[unit..unit + f.unit], r % UNIT_ROWS) as i32
-    }
 }
 
 /// The input channels whose quantized value is nonzero, with the number of distinct scale
@@ -445,8 +423,10 @@ pub(crate) fn runs(channels: &[u32], per: usize) -> impl Iterator<Item = &[u32]>
     channels.chunk_by(move |a, b| a / per == b / per)
 }
 
-/// The scalar reference of the product (see [`ColumnBlocksFn`]), written from the layout: per row and
-/// block the exact integer sums over the active channels, scaled as [`crate::cpu::dot_row`].
+/// The portable product (see [`ColumnBlocksFn`]), the reference of the SIMD kernels and the
+/// form tiers without one run: per unit of 32 rows and group, the exact integer sums over the
+/// active channels (each channel's unit unpacked to 32 values; loops the compiler vectorizes),
+/// scaled as [`crate::cpu::dot_row`]. Allocation-free.
 pub(crate) fn product_scalar(
     m: &ColumnBlocks,
     units: Range<usize>,
@@ -458,52 +438,87 @@ pub(crate) fn product_scalar(
         return;
     };
     let (kind, f) = (m.kind, format(m.kind));
+    let k = kind.inputs().k;
+    let xq: &[i8] = if k { &x.k.q } else { &x.q };
     let (qpg, qpb) = (f.group, kind.block_elems());
-    let rows = units.start * UNIT_ROWS..units.end * UNIT_ROWS;
-    out[..rows.len()].fill(0.0);
-    for block in runs(&active.channels, qpb) {
-        let b = block[0] as usize / qpb;
-        for (o_r, r) in out.iter_mut().zip(rows.clone()) {
-            let (base, o) = m.slab(r / SLAB_ROWS);
-            let (data, lr) = (&m.data[base..], r % SLAB_ROWS);
-            let head = |h: usize| h16(data, o.head(b, h) + 2 * lr);
-            let isum = |channels: &[u32], xq: &[i8]| -> i32 {
-                channels
-                    .iter()
-                    .map(|&c| m.value(r, c as usize) * xq[c as usize] as i32)
-                    .sum()
-            };
-            let acc = *o_r;
-            *o_r = if kind.inputs().k {
-                let (mut sumi, mut summ) = (0i32, 0i32);
-                for group in runs(block, qpg) {
-                    let g = group[0] as usize / qpg;
-                    let s = isum(group, &x.k.q);
-                    let sc = data[o.plane(g, 0) + lr];
-                    if kind == BlockKind::Q6K {
-                        let bsum = x.k.bsum[g] as i32;
-                        sumi += sc as i8 as i32 * (s - f.offset * bsum);
-                    } else {
-                        let bsum = x.k.bsum[2 * g] as i32 + x.k.bsum[2 * g + 1] as i32;
-                        sumi += sc as i32 * s;
-                        summ += data[o.plane(g, 1) + lr] as i32 * bsum;
+    for (u, acc) in units.clone().zip(out.chunks_exact_mut(UNIT_ROWS)) {
+        let (base, o) = m.slab(u * UNIT_ROWS / SLAB_ROWS);
+        let (data, r0) = (&m.data[base..], u * UNIT_ROWS % SLAB_ROWS);
+        let at = r0 / UNIT_ROWS * f.unit;
+        acc.fill(0.0);
+        for block in runs(&active.channels, qpb) {
+            let b = block[0] as usize / qpb;
+            let (mut sumi, mut summ) = ([0i32; UNIT_ROWS], [0i32; UNIT_ROWS]);
+            let mut isum = [0i32; UNIT_ROWS];
+            for group in runs(block, qpg) {
+                let g = group[0] as usize / qpg;
+                isum = [0; UNIT_ROWS];
+                for &c in group {
+                    let unit = &data[o.column(c as usize, f.planes) + at..][..f.unit];
+                    let xv = xq[c as usize] as i32;
+                    for (s, v) in isum.iter_mut().zip(unpack(f.bits, unit)) {
+                        *s += v as i32 * xv;
                     }
                 }
-                let dx = x.k.d[b];
-                let acc = (sumi as f32).mul_add(head(0) * dx, acc);
-                match kind {
-                    BlockKind::Q6K => acc,
-                    _ => (-(summ as f32)).mul_add(head(1) * dx, acc),
+                if !k {
+                    continue;
                 }
-            } else {
-                let s = isum(block, &x.q) - f.offset * x.sum[b];
-                match kind {
-                    BlockKind::Q4_1 | BlockKind::Q5_1 => {
-                        acc + ((s as f32 * head(0)) * x.d[b] + head(1) * x.s[b])
+                let sc = &data[o.plane(g, 0) + r0..][..UNIT_ROWS];
+                if kind == BlockKind::Q6K {
+                    let off = f.offset * x.k.bsum[g] as i32;
+                    for l in 0..UNIT_ROWS {
+                        sumi[l] += sc[l] as i8 as i32 * (isum[l] - off);
                     }
-                    _ => (s as f32).mul_add(head(0) * x.d[b], acc),
+                } else {
+                    let bsum = x.k.bsum[2 * g] as i32 + x.k.bsum[2 * g + 1] as i32;
+                    let mn = &data[o.plane(g, 1) + r0..][..UNIT_ROWS];
+                    for l in 0..UNIT_ROWS {
+                        sumi[l] += sc[l] as i32 * isum[l];
+                        summ[l] += mn[l] as i32 * bsum;
+                    }
                 }
-            };
+            }
+            let head = |h: usize, l: usize| h16(data, o.head(b, h) + 2 * (r0 + l));
+            for (l, a) in acc.iter_mut().enumerate() {
+                *a = if k {
+                    let dx = x.k.d[b];
+                    let v = (sumi[l] as f32).mul_add(head(0, l) * dx, *a);
+                    match kind {
+                        BlockKind::Q6K => v,
+                        _ => (-(summ[l] as f32)).mul_add(head(1, l) * dx, v),
+                    }
+                } else {
+                    let s = isum[l] - f.offset * x.sum[b];
+                    match kind {
+                        BlockKind::Q4_1 | BlockKind::Q5_1 => {
+                            *a + ((s as f32 * head(0, l)) * x.d[b] + head(1, l) * x.s[b])
+                        }
+                        _ => (s as f32).mul_add(head(0, l) * x.d[b], *a),
+                    }
+                };
+            }
         }
     }
+}
+
+/// The 32 stored (unsigned) values of one unit, rows in order (the inverse of [`put`]).
+#[inline(always)]
+fn unpack(bits: u32, unit: &[u8]) -> [u8; UNIT_ROWS] {
+    let mut v = [0u8; UNIT_ROWS];
+    if bits == 8 {
+        v.copy_from_slice(&unit[..UNIT_ROWS]);
+        return v;
+    }
+    for l in 0..16 {
+        v[l] = unit[l] & 0xF;
+        v[l + 16] = unit[l] >> 4;
+    }
+    for bit in 4..bits {
+        let at = 16 + 4 * (bit as usize - 4);
+        let mask = u32::from_le_bytes([unit[at], unit[at + 1], unit[at + 2], unit[at + 3]]);
+        for (l, v) in v.iter_mut().enumerate() {
+            *v |= (((mask >> l) & 1) as u8) << bit;
+        }
+    }
+    v
 }
