@@ -18,18 +18,6 @@ use powerinfer::{
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-/// Every block type the dense decoder runs.
-const KINDS: [GgmlDType; 8] = [
-    GgmlDType::Q4_0,
-    GgmlDType::Q4_1,
-    GgmlDType::Q8_0,
-    GgmlDType::Q5_0,
-    GgmlDType::Q5_1,
-    GgmlDType::Q4K,
-    GgmlDType::Q5K,
-    GgmlDType::Q6K,
-];
-
 #[allow(clippy::too_many_arguments)]
 fn check(
     hb: usize,

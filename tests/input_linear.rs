@@ -13,18 +13,6 @@ use powerinfer::{InputSparseLinear, QLinear, SimdLevel};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
-/// Every block type the dense decoder runs.
-const KINDS: [GgmlDType; 8] = [
-    GgmlDType::Q4_0,
-    GgmlDType::Q4_1,
-    GgmlDType::Q8_0,
-    GgmlDType::Q5_0,
-    GgmlDType::Q5_1,
-    GgmlDType::Q4K,
-    GgmlDType::Q5K,
-    GgmlDType::Q6K,
-];
-
 /// `outs` stacked output widths, `in_blocks * 32` inputs, `rows` rows at threshold `t`.
 #[allow(clippy::too_many_arguments)]
 fn check(

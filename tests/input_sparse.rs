@@ -15,18 +15,6 @@ use powerinfer::{
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 
-/// Every block type the dense decoder runs.
-const KINDS: [GgmlDType; 8] = [
-    GgmlDType::Q4_0,
-    GgmlDType::Q4_1,
-    GgmlDType::Q8_0,
-    GgmlDType::Q5_0,
-    GgmlDType::Q5_1,
-    GgmlDType::Q4K,
-    GgmlDType::Q5K,
-    GgmlDType::Q6K,
-];
-
 /// Column norms of a `[rows, cols]` f32 matrix.
 fn norms(t: &Tensor) -> Vec<f32> {
     let t2 = t.sqr().unwrap().sum(0).unwrap().sqrt().unwrap();

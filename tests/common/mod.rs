@@ -204,6 +204,12 @@ pub fn mask(x: &[f32], w: Option<&[f32]>, t: f32) -> Vec<f32> {
         .collect()
 }
 
+/// Every block type the dense decoder runs.
+pub const KINDS: [candle_core::quantized::GgmlDType; 8] = {
+    use candle_core::quantized::GgmlDType::*;
+    [Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4K, Q5K, Q6K]
+};
+
 /// `x` quantized as the kernels quantize an input row.
 pub fn quantized(x: &[f32]) -> QuantizedRow {
     let mut q = QuantizedRow::default();

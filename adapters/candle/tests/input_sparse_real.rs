@@ -7,6 +7,9 @@
 use powerinfer_candle::{open, FfnMode, InputRuleOptions, Llama, TextTokenizer};
 use powerinfer_data::{self as data, Model};
 
+mod common;
+use common::argmax;
+
 fn logits(model: &mut Llama, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     model.clear_kv_cache();
     let mut out = vec![model.forward_logits(prompt, 0).unwrap().to_vec()];
@@ -20,16 +23,6 @@ fn logits(model: &mut Llama, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
         );
     }
     out
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 fn check(m: Model) {

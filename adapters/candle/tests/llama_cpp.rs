@@ -18,6 +18,9 @@ use powerinfer_candle::{open, FfnMode, Llama, TextTokenizer};
 use powerinfer_data::{self as data, Model};
 use serde_json::Value;
 
+mod common;
+use common::argmax;
+
 /// How far the gap between two tokens' logits may move between the engines. Measured at the
 /// partings (llama.cpp's margin + ours): 0.05-0.25 on Qwen2.5-Coder-1.5B, 0.13 and 0.49 on
 /// SmolLM2, 0.04 and 0.43 on Gemma 3 270M, whose decoder equals candle's reference model (tests/peer.rs), so that shift is the
@@ -28,16 +31,6 @@ const SHIFT: f64 = 0.6;
 fn pinned() -> Value {
     let text = include_str!("data/llama_cpp.json");
     serde_json::from_str(text).expect("tests/data/llama_cpp.json parses")
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 fn ids(v: &Value) -> Vec<u32> {

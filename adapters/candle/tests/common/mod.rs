@@ -184,3 +184,14 @@ pub fn write_gguf_llama_with_heads(path: &Path, s: &GgufSpec, heads: usize, kv_h
     let mut f = std::fs::File::create(path).unwrap();
     gguf_file::write(&mut f, &m, &q).unwrap();
 }
+
+/// The index of the largest logit (the first of equals).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
