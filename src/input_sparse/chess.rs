@@ -64,9 +64,9 @@ pub struct ChessRule {
 }
 
 impl InputSparseFfn {
-    /// A gated FFN on GGUF tensors (any block type of `cpu::BlockKind`) for the CHESS rule: gate and down
-    /// as columns (with their input rules), up as the file's rows. No CHESS rule is set at
-    /// first (every neuron computed).
+    /// A gated FFN on GGUF tensors (any block type of `cpu::BlockKind`) for the CHESS rule: gate
+    /// and down as columns (with their input rules), up as the file's rows. No CHESS rule is set
+    /// at first (every neuron computed).
     pub fn from_qtensors_up_rows(
         spec: FfnSpec,
         gate: &QTensor,

@@ -52,10 +52,10 @@ impl std::fmt::Debug for InputSparseLinear {
 }
 
 impl InputSparseLinear {
-    /// GGUF tensors of one block type (any the dense decoder runs) and input width, `[out, in]`, output
-    /// features stacked in order (q, k and v: one masked input for all three), with an optional
-    /// bias over the stacked outputs; on `threads` threads (`tier`: `None` detects). The
-    /// threshold starts at 0 (dense).
+    /// GGUF tensors of one block type (any the dense decoder runs) and input width, `[out, in]`,
+    /// output features stacked in order (q, k and v: one masked input for all three), with an
+    /// optional bias over the stacked outputs; on `threads` threads (`tier`: `None` detects).
+    /// The threshold starts at 0 (dense).
     pub fn from_qtensors(
         ws: &[&QTensor],
         bias: Option<&Tensor>,

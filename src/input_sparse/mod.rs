@@ -180,8 +180,8 @@ impl InputSparseFfn {
     }
 
     /// The FFN on GGUF tensors as a file holds them (`[out, in]`, blocks of any type of
-    /// `cpu::BlockKind` kept exactly), on `threads` threads (`tier`: `None` detects the SIMD level). Every threshold
-    /// starts at 0 (dense).
+    /// `cpu::BlockKind` kept exactly), on `threads` threads (`tier`: `None` detects the SIMD
+    /// level). Every threshold starts at 0 (dense).
     pub fn from_qtensors(
         spec: FfnSpec,
         gate: Option<&QTensor>,

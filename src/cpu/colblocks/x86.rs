@@ -4,9 +4,9 @@
 //! time: per 32 rows, the four channels' 16-byte units are loaded into one vector and one
 //! `vpermb` interleaves them into 16 rows x 4 channels of nibbles (the fifth and sixth bits are
 //! spread into byte masks with `pdep`), so one `vpdpbusd` per 16 rows adds the four products
-//! into the group's integer sums (an `i32` array on the stack). Up to 8 channels (Q6_K 16) share one
-//! load and store of the sums. After a group the sums are scaled into the K-quants' per-block
-//! integer sums, after a block into the outputs, in the dense kernel's order. The kept channels
+//! into the group's integer sums (an `i32` array on the stack). Up to 8 channels (Q6_K 16)
+//! share one load and store of the sums. After a group the sums are scaled into the K-quants'
+//! per-block integer sums, after a block into the outputs, in the dense kernel's order. The kept channels
 //! form one stream with jumps, so the kernel asks for the bytes [`AHEAD`] further along that
 //! stream (not along memory), one hint per line, as the dense kernel does along its records;
 //! a group's byte planes and a block's f16 planes, read after the runs, are asked for line by
@@ -269,9 +269,9 @@ unsafe fn pass<const BITS: u32, const N: usize, const FIRST: bool>(
     }
 }
 
-/// [`pass`] over up to 16 channels of one group (at most [`pass_channels`]) (`run(c)`: where channel `c`'s run starts in
-/// the pass), with their input bytes from `xq`; channels past a multiple of four are padded
-/// with the first one against an input byte of 0.
+/// [`pass`] over up to 16 channels of one group ([`pass_channels`]; `run(c)`: where channel
+/// `c`'s run starts in the pass), with their input bytes from `xq`; channels past a multiple of
+/// four are padded with the first one against an input byte of 0.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn channels_pass<const BITS: u32>(
@@ -302,9 +302,10 @@ unsafe fn channels_pass<const BITS: u32>(
             let (src, xb) = (g.map(|g| g.0), g.map(|g| g.1));
             // SAFETY: forwarded contract.
             unsafe {
+                let (u, s) = (unit, isum);
                 match first {
-                    true => pass::<BITS, $n, true>(src, xb, real, units, unit, isum, ahead, later),
-                    false => pass::<BITS, $n, false>(src, xb, real, units, unit, isum, ahead, later),
+                    true => pass::<BITS, $n, true>(src, xb, real, units, u, s, ahead, later),
+                    false => pass::<BITS, $n, false>(src, xb, real, units, u, s, ahead, later),
                 }
             }
         }};
@@ -313,11 +314,7 @@ unsafe fn channels_pass<const BITS: u32>(
         1 => pass!(1, 0),
         2 => pass!(2, 0, 1),
         3 => pass!(3, 0, 1, 2),
-        4 => pass!(4, 0, 1, 2, 3),
-        5 => pass!(5, 0, 1, 2, 3, 4),
-        6 => pass!(6, 0, 1, 2, 3, 4, 5),
-        7 => pass!(7, 0, 1, 2, 3, 4, 5, 6),
-        _ => pass!(8, 0, 1, 2, 3, 4, 5, 6, 7),
+        _ => pass!(4, 0, 1, 2, 3),
     }
 }
 
