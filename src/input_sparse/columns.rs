@@ -4,7 +4,8 @@
 //! [`ColumnBlocks`] (skip unit: one input channel). Its SIMD kernel needs AVX-512 VNNI with VBMI
 //! and BMI2; on other tiers Q4_0, Q4_1 and Q8_0 blocks take the older [`ColumnMatrix`] layout,
 //! which has AVX2 kernels (the portable column-block product is 7-8x slower than the dense
-//! decoder there), and the other types the portable product. Float weights are a
+//! decoder there), and the other types the portable product, with a warning (on
+//! Qwen2.5-Coder-0.5B at the AVX2 tier its FFN takes 337 ms per token against dense's 25). Float weights are a
 //! [`ColumnMatrix`] in f32, f16 or bf16.
 
 use std::ops::Range;
@@ -66,6 +67,17 @@ impl Columns {
                     .map_err(named)
             }
             _ => {}
+        }
+        if !k.has_column_blocks_simd() {
+            static SLOW: std::sync::Once = std::sync::Once::new();
+            SLOW.call_once(|| {
+                tracing::warn!(
+                    "input-sparse matrices other than Q4_0, Q4_1 and Q8_0 (here {kind}) on the \
+                     {} tier run the portable column-block product, about 10x slower than the \
+                     dense decoder (its SIMD kernel needs AVX-512 VNNI with VBMI)",
+                    k.tier()
+                )
+            });
         }
         let m = ColumnBlocks::from_blocks(kind, rows, cols, data).map_err(named)?;
         Ok(Columns::Blocks {
