@@ -373,6 +373,14 @@ impl Kernels {
         Kernels::new(SimdLevel::from_env()?.unwrap_or_else(SimdLevel::best))
     }
 
+    /// The table for `tier`, or for the detected tier ([`Kernels::detect`]) with `None`.
+    pub fn for_tier(tier: Option<SimdLevel>) -> Result<Kernels> {
+        match tier {
+            Some(t) => Kernels::new(t),
+            None => Kernels::detect(),
+        }
+    }
+
     /// The tier of this table.
     pub fn tier(&self) -> SimdLevel {
         self.tier

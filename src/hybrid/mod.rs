@@ -137,10 +137,7 @@ impl std::fmt::Debug for HybridFfn {
 impl HybridFfn {
     /// A block over `bundles` computing every neuron (`All`), every neuron on the CPU tier.
     pub fn new(bundles: NeuronBundles, opts: HybridOptions) -> Result<Self> {
-        let kernels = match opts.simd_level {
-            Some(t) => Kernels::new(t)?,
-            None => Kernels::detect()?,
-        };
+        let kernels = Kernels::for_tier(opts.simd_level)?;
         if opts.threads == 0 {
             return Err(Error::config("threads", "must be at least 1"));
         }

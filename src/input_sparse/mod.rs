@@ -126,10 +126,7 @@ fn kernels(threads: usize, tier: Option<SimdLevel>) -> Result<Kernels> {
     if threads == 0 {
         return Err(Error::config("threads", "must be at least 1"));
     }
-    match tier {
-        Some(t) => Kernels::new(t),
-        None => Kernels::detect(),
-    }
+    Kernels::for_tier(tier)
 }
 
 fn bias(t: Option<&Tensor>, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
