@@ -11,7 +11,10 @@
 //! last-level cache with enough copies, so every byte comes from DRAM);
 //! `BENCH_SHAPES=576x1536,...` picks the shapes (`hidden x ffn`), `BENCH_KINDS=Q4_K,...` the
 //! block types (the others are not even built: with many copies, laying them out takes longer
-//! than the measurement).
+//! than the measurement). `BENCH_ROWS=N` (default 16, 0 skips it) adds a prompt of N rows: the
+//! dense product (`dense-rowsN`) against the batched column product over the union of the rows'
+//! channels (`keep60-rowsN`: each row keeps its own 60%); throughput is rows times the dense
+//! bytes for both, so the two compare as rows per second.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use powerinfer::cpu::{
@@ -122,6 +125,10 @@ fn products(c: &mut Criterion) {
                         }
                     })
                 });
+                let n = env("BENCH_ROWS", 16);
+                if n > 0 {
+                    prompt(&mut g, &k, kind, &dense, &sparse, n);
+                }
                 let mut out = vec![0f32; sparse[0].units() * UNIT_ROWS];
                 for (label, drop) in [("keep100", 0), ("keep60", 40), ("keep50", 50)] {
                     xq.quantize_for(&input(cols, drop), kind.inputs());
@@ -142,6 +149,59 @@ fn products(c: &mut Criterion) {
             g.finish();
         }
     }
+}
+
+/// A prompt of `n` rows: the dense product against the batched column product, each row
+/// keeping its own 60% of the channels.
+fn prompt(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    k: &Kernels,
+    kind: BlockKind,
+    dense: &[QLinear],
+    sparse: &[ColumnBlocks],
+    n: usize,
+) {
+    let (rows, cols) = (sparse[0].rows(), sparse[0].cols());
+    let mut xs = vec![QuantizedRow::default(); n];
+    let mut sets = vec![ActiveChannels::default(); n];
+    for (i, (x, a)) in xs.iter_mut().zip(&mut sets).enumerate() {
+        let mut v = input(cols, 0);
+        v.rotate_left(i * 7);
+        for (v, r) in v.iter_mut().zip(noise(cols, 100 + i as u64)) {
+            if r % 100 < 40 {
+                *v = 0.0;
+            }
+        }
+        x.quantize_for(&v, kind.inputs());
+        a.of(kind, x);
+    }
+    let mut all = ActiveChannels::default();
+    all.union_of(kind, &sets);
+    let (mut y, mut tmp) = (vec![0f32; n * rows], Vec::new());
+    g.throughput(Throughput::Bytes(
+        (dense.len() * n * kind.row_bytes(cols) * rows) as u64,
+    ));
+    g.bench_function(
+        BenchmarkId::new(kind.name(), format!("dense-rows{n}")),
+        |b| {
+            b.iter(|| {
+                for lin in dense {
+                    lin.forward_quantized(&xs, &mut y, &mut tmp).unwrap()
+                }
+            })
+        },
+    );
+    let mut out = vec![0f32; n * sparse[0].units() * UNIT_ROWS];
+    g.bench_function(
+        BenchmarkId::new(kind.name(), format!("keep60-rows{n}")),
+        |b| {
+            b.iter(|| {
+                for m in sparse {
+                    k.column_blocks_rows(m, 0..m.units(), &xs, &all, 2, &mut out)
+                }
+            })
+        },
+    );
 }
 
 #[allow(missing_docs)] // criterion_group! generates an undocumented function.

@@ -1,7 +1,8 @@
 //! Column-major GGUF blocks (`ColumnBlocks`) for input-sparse products of every block type: over
 //! an input whose skipped channels are zero, the product over the nonzero channels is the dense
 //! per-row reference (`cpu::dot_row`) of that input, bit for bit, on every SIMD level and split
-//! of the rows; the bytes read are counted; bad weights and mismatched inputs are typed errors
+//! of the rows, one row at a time and batched (several rows over the union of their channels);
+//! the bytes read are counted; bad weights and mismatched inputs are typed errors
 //! or computed as nothing, never a panic.
 //!
 //! Weights are random bytes with finite random scales (every bit pattern of the quants, high
@@ -82,6 +83,56 @@ fn check(
     }
 }
 
+/// The batched product of `n` rows (each masked on its own) in pieces of `per` units, split
+/// between two "threads" at piece `split`: every row equals `dot_row` on it, bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn check_rows(
+    kind: BlockKind,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    per: usize,
+    drop: f64,
+    run: usize,
+    split: usize,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let w = random_rows(kind, rows, cols, &mut rng);
+    let m = ColumnBlocks::from_blocks(kind, rows, cols, &w).unwrap();
+    let mut xs = vec![QuantizedRow::default(); n];
+    let mut sets = vec![ActiveChannels::default(); n];
+    for (x, a) in xs.iter_mut().zip(&mut sets) {
+        x.quantize_for(&masked(&mut rng, cols, drop, run), kind.inputs());
+        a.of(kind, x);
+    }
+    let mut all = ActiveChannels::default();
+    all.union_of(kind, &sets);
+    let rb = kind.row_bytes(cols);
+    let pieces = m.units().div_ceil(per);
+    let split = split.min(pieces);
+    let piece = n * per * UNIT_ROWS;
+    for tier in SimdLevel::supported() {
+        let k = Kernels::new(tier).unwrap();
+        let mut out = vec![f32::NAN; pieces * piece];
+        let (lo, hi) = out.split_at_mut(split * piece);
+        k.column_blocks_rows(&m, 0..split * per, &xs, &all, per, lo);
+        k.column_blocks_rows(&m, split * per..m.units(), &xs, &all, per, hi);
+        for (r, x) in xs.iter().enumerate() {
+            for (i, row) in w.chunks_exact(rb).enumerate() {
+                let (u, l) = (i / UNIT_ROWS, i % UNIT_ROWS);
+                let at = ((u / per * n + r) * per + u % per) * UNIT_ROWS + l;
+                assert_eq!(
+                    out[at].to_bits(),
+                    dot_row(kind, row, x).to_bits(),
+                    "{kind} {rows}x{cols}, row {i} of input {r} of {n}, {per} units a piece, \
+                     drop {drop} in runs of {run}, split {split}, {tier}"
+                );
+            }
+        }
+    }
+}
+
 fn kind_and_cols() -> impl Strategy<Value = (BlockKind, usize)> {
     (0usize..8, 1usize..4).prop_map(|(k, n)| {
         let kind = BlockKind::ALL[k];
@@ -103,6 +154,23 @@ proptest! {
         seed in any::<u64>(),
     ) {
         check(kind, rows, cols, drop, run, split, seed);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn batched_product_is_each_rows_masked_dense_product(
+        (kind, cols) in kind_and_cols(),
+        rows in 0usize..300,
+        n in 1usize..16,
+        per in 1usize..4,
+        drop in prop::sample::select(vec![0.0, 0.3, 0.7, 1.0]),
+        run in prop::sample::select(vec![1usize, 3, 4, 8, 32]),
+        split in 0usize..5,
+        seed in any::<u64>(),
+    ) {
+        check_rows(kind, rows, cols, n, per, drop, run, split, seed);
     }
 }
 
@@ -138,6 +206,26 @@ fn rows_past_one_pass() {
         BlockKind::Q8_0,
     ] {
         check(kind, 8200, 256, 0.5, 2, 70, 11);
+        check_rows(kind, 8200, 256, 3, 2, 0.5, 2, 100, 12);
+    }
+}
+
+/// The batched product at the input counts its row tiles split into (8, 4, 2, 1), every block
+/// type, at unit counts around its tile of units (8).
+#[test]
+fn batched_edge_shapes() {
+    for kind in BlockKind::ALL {
+        for (rows, n) in [
+            (0, 3),
+            (1, 1),
+            (33, 2),
+            (255, 15),
+            (256, 8),
+            (257, 9),
+            (300, 7),
+        ] {
+            check_rows(kind, rows, kind.block_elems(), n, 2, 0.5, 1, 1, rows as u64);
+        }
     }
 }
 

@@ -70,7 +70,7 @@ proptest! {
     #[test]
     fn input_sparse_linear_is_qlinear_on_masked_inputs(
         outs in prop::collection::vec(1usize..150, 1..4), ib in 1usize..5, kind in 0usize..8,
-        rows in 1usize..4, t in 0.0f32..0.9, bias in any::<bool>(), threads in 1usize..4,
+        rows in 1usize..12, t in 0.0f32..0.9, bias in any::<bool>(), threads in 1usize..4,
         seed in any::<u64>(),
     ) {
         check(&outs, ib, kind, rows, t, bias, threads, seed);

@@ -95,7 +95,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
     #[test]
     fn quantized_ffn_is_the_dense_ffn_on_masked_inputs(
-        hb in 1usize..4, ib in 1usize..5, kind in 0usize..8, rows in 1usize..4,
+        hb in 1usize..4, ib in 1usize..5, kind in 0usize..8, rows in 1usize..12,
         tg in 0.0f32..0.8, tu in 0.0f32..0.8, td in 0.0f32..0.05, wina in any::<bool>(),
         threads in 1usize..4, seed in any::<u64>(),
     ) {
@@ -124,6 +124,88 @@ proptest! {
         let got = Tensor::from_vec(out, (rows, h), &Device::Cpu).unwrap();
         let e = rel_err(&got, &want);
         prop_assert!(e <= 1e-4, "{st:?}: rel err {e}");
+    }
+}
+
+/// Several rows at once (a prompt: each product reads the union of the rows' kept channels)
+/// against each row alone (a decoded token), bit for bit: block types, float storage with
+/// biases, ungated, every tier, 1-3 threads, row counts around the kernel's tiles (8, 4, 2, 1).
+#[test]
+fn prompt_rows_are_each_row_alone() {
+    let check = |f: &InputSparseFfn, x: &[f32], rows: usize, what: &str| {
+        let h = f.spec().hidden;
+        let mut all = vec![0f32; rows * h];
+        f.forward_f32(x, rows, &mut all).unwrap();
+        let mut one = vec![0f32; h];
+        for (r, xr) in x.chunks(h).enumerate() {
+            f.forward_f32(xr, 1, &mut one).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&all[r * h..(r + 1) * h]),
+                bits(&one),
+                "{what}: row {r} of {rows}"
+            );
+        }
+    };
+    let th = InputThresholds {
+        gate: 0.4,
+        up: 0.3,
+        down: 0.02,
+    };
+    let mut rng = StdRng::seed_from_u64(17);
+    for (i, dt) in KINDS.iter().enumerate() {
+        let be = dt.block_size();
+        let spec = FfnSpec::gated(2 * be, 3 * be, Activation::Silu).unwrap();
+        let w = Weights::random(&spec, i as u64);
+        let q = |t: &Tensor| QTensor::quantize(t, *dt).unwrap();
+        let (qg, qu, qd) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));
+        for tier in SimdLevel::supported() {
+            for threads in 1..4 {
+                let mut f =
+                    InputSparseFfn::from_qtensors(spec, Some(&qg), &qu, &qd, threads, Some(tier))
+                        .unwrap();
+                for (score, rows) in [(InputScore::Magnitude, 13), (InputScore::Wina, 7)] {
+                    f.set_rule(score, th).unwrap();
+                    let x = flat(&tensor(&mut rng, &[rows, spec.hidden], 1.0));
+                    check(
+                        &f,
+                        &x,
+                        rows,
+                        &format!("{dt:?} {score:?} {threads} threads {tier}"),
+                    );
+                }
+            }
+        }
+    }
+    for (st, gated) in [
+        (ColumnStorage::F32, true),
+        (ColumnStorage::F16, false),
+        (ColumnStorage::BF16, true),
+    ] {
+        let spec = match gated {
+            true => FfnSpec::gated(70, 130, Activation::Silu),
+            false => FfnSpec::ungated(70, 130, Activation::Gelu),
+        }
+        .unwrap();
+        let w = Weights::random(&spec, 3);
+        let mut b = |n: usize| tensor(&mut rng, &[n], 0.5);
+        let (bg, bu, bd) = (b(130), b(130), b(70));
+        let mut view = w.view();
+        view.gate_bias = gated.then_some(&bg);
+        view.up_bias = Some(&bu);
+        view.down_bias = Some(&bd);
+        let mut f = InputSparseFfn::from_weights(spec, view, st, 2, None).unwrap();
+        f.set_rule(
+            InputScore::Magnitude,
+            InputThresholds {
+                gate: 0.3,
+                up: 0.3,
+                down: 0.02,
+            },
+        )
+        .unwrap();
+        let x = flat(&tensor(&mut rng, &[9, 70], 1.0));
+        check(&f, &x, 9, &format!("{st:?} gated {gated}"));
     }
 }
 

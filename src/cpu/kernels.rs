@@ -155,6 +155,7 @@ pub struct Kernels {
     pub(crate) gemm_q: GemmFn,
     pub(crate) columns_q: columns::ColumnsFn,
     column_blocks_q: colblocks::ColumnBlocksFn,
+    column_blocks_rows_q: colblocks::ColumnBlocksRowsFn,
     /// Whether `column_blocks_q` is a SIMD kernel (else the portable product).
     column_blocks_simd: bool,
     dot_qs: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
@@ -215,6 +216,7 @@ macro_rules! table {
             gemm_q: packed::gemm_scalar,
             columns_q: columns::product_scalar,
             column_blocks_q: colblocks::product_scalar,
+            column_blocks_rows_q: colblocks::product_rows_scalar,
             column_blocks_simd: false,
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
@@ -282,6 +284,9 @@ impl Kernels {
             // SAFETY: AVX-512F/BW/VL/VNNI detected by `has_vnni512`, the rest by `supported`.
             k.column_blocks_q =
                 |m, u, x, a, o| unsafe { colblocks::x86::product_vnni(m, u, x, a, o) };
+            // SAFETY: as above.
+            k.column_blocks_rows_q =
+                |m, u, x, a, p, o| unsafe { colblocks::x86::product_rows_vnni(m, u, x, a, p, o) };
             k.column_blocks_simd = true;
         }
         Ok(k)
@@ -326,6 +331,7 @@ impl Kernels {
             gemm_q: packed::gemm_scalar,
             columns_q: columns::product_scalar,
             column_blocks_q: colblocks::product_scalar,
+            column_blocks_rows_q: colblocks::product_rows_scalar,
             column_blocks_simd: false,
             dot_qs: split::dot_scalar,
             dot2_qs: split::dot2_scalar,
@@ -349,6 +355,25 @@ impl Kernels {
         out: &mut [f32],
     ) {
         (self.column_blocks_q)(m, units, x, active, out)
+    }
+
+    /// [`Kernels::column_blocks`] for every row of `xs` at once (a prompt's rows), reading each
+    /// channel in `active` once per tile of rows: `active` must hold every channel where some row
+    /// is nonzero ([`ActiveChannels::union_of`]). `out` is in pieces of `per` units: unit `u`
+    /// (counted from `units.start`) of row `r` starts at `((u / per) * rows + r) * per * 32 + (u %
+    /// per) * 32`, so pieces of `per` units can be split among threads. Each row's result is
+    /// [`Kernels::column_blocks`]'s for that row, bit for bit. Arguments that do not fit are cut
+    /// to what fits (whole pieces of `out`).
+    pub fn column_blocks_rows(
+        &self,
+        m: &ColumnBlocks,
+        units: Range<usize>,
+        xs: &[QuantizedRow],
+        active: &ActiveChannels,
+        per: usize,
+        out: &mut [f32],
+    ) {
+        (self.column_blocks_rows_q)(m, units, xs, active, per, out)
     }
 
     /// `out = W x` for the rows of `m` in chunks `chunks` (`out` holds `chunks.len() * 64`

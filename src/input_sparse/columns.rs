@@ -137,9 +137,18 @@ impl Columns {
 
     /// Bytes a product over `i` reads (`i` made for this matrix).
     pub(super) fn bytes_read(&self, i: &Input) -> usize {
+        self.bytes_of(&i.channels, &i.columns)
+    }
+
+    /// Bytes row `r` of `i` reads on its own (what decoding it alone reads).
+    pub(super) fn row_bytes_read(&self, i: &Inputs, r: usize) -> usize {
+        self.bytes_of(&i.channels[r], &i.columns[r])
+    }
+
+    fn bytes_of(&self, channels: &ActiveChannels, columns: &ActiveColumns) -> usize {
         match self {
-            Columns::Blocks { m, .. } => m.bytes_read(&i.channels),
-            Columns::Matrix(m) => m.bytes_read(i.columns.columns().len(), i.columns.blocks()),
+            Columns::Blocks { m, .. } => m.bytes_read(channels),
+            Columns::Matrix(m) => m.bytes_read(columns.columns().len(), columns.blocks()),
         }
     }
 
@@ -162,6 +171,38 @@ impl Columns {
             }
             Columns::Matrix(m) => {
                 crate::cpu::column_product(k, m, chunks, &x.x, &x.q, x.columns.columns(), out)
+            }
+        }
+    }
+
+    /// [`Columns::product`] for every row of `xs` at once (made for this matrix), into `out` by
+    /// chunk: chunk `c` (counted from `chunks.start`) of row `r` is `out[(c * rows + r) *
+    /// CHUNK..][..CHUNK]`. Block matrices read each kept channel of any row once per tile of
+    /// rows (the rows' union); each row's result is its own product's bit for bit.
+    pub(super) fn product_rows(
+        &self,
+        k: &Kernels,
+        chunks: Range<usize>,
+        xs: &Inputs,
+        out: &mut [f32],
+    ) {
+        let n = xs.rows;
+        match self {
+            Columns::Blocks { m, .. } => {
+                let per = CHUNK / crate::cpu::UNIT_ROWS;
+                let units = chunks.start * per..chunks.end * per;
+                k.column_blocks_rows(m, units, &xs.q[..n], &xs.union, per, out);
+            }
+            Columns::Matrix(m) => {
+                let cols = m.cols();
+                for (i, c) in chunks.enumerate() {
+                    for r in 0..n {
+                        let (x, q) = (&xs.x[r * cols..(r + 1) * cols], &xs.q[r]);
+                        let o = &mut out[(i * n + r) * CHUNK..][..CHUNK];
+                        let active = xs.columns[r].columns();
+                        crate::cpu::column_product(k, m, c..c + 1, x, q, active, o);
+                    }
+                }
             }
         }
     }
@@ -217,37 +258,63 @@ pub(super) struct Input {
     channels: ActiveChannels,
 }
 
+/// `x` with the entries whose score is at most `t` zeroed (`weight`: per-entry factor of the
+/// score, `None` for `|x|`) into `out` (as long as `x`).
+fn mask(x: &[f32], weight: Option<&[f32]>, t: f32, out: &mut [f32]) {
+    match weight {
+        None => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = if v.abs() > t { v } else { 0.0 };
+            }
+        }
+        Some(w) => {
+            for ((o, &v), &n) in out.iter_mut().zip(x).zip(w) {
+                *o = if v.abs() * n > t { v } else { 0.0 };
+            }
+        }
+    }
+}
+
+/// The masked row `x` quantized as `m`'s block type takes it, with its nonzero channels (block
+/// matrices) or columns (the others).
+fn quantize(
+    m: &Columns,
+    x: &[f32],
+    q: &mut QuantizedRow,
+    columns: &mut ActiveColumns,
+    channels: &mut ActiveChannels,
+) {
+    match m {
+        Columns::Blocks { m, .. } => {
+            let inputs = m.kind().inputs();
+            if inputs.k {
+                q.quantize_for(x, inputs);
+            } else {
+                q.quantize_values(x);
+            }
+            channels.of(m.kind(), q);
+        }
+        Columns::Matrix(m) if m.quant().is_some() => {
+            q.quantize_values(x);
+            columns.of_quantized(q);
+        }
+        Columns::Matrix(_) => columns.of_f32(x),
+    }
+}
+
 impl Input {
     /// `x` with the entries whose score is at most `t` zeroed (`weight`: per-entry factor of the
     /// score, `None` for `|x|`), made for `m`: quantized as its block type takes it.
     pub(super) fn mask(&mut self, x: &[f32], weight: Option<&[f32]>, t: f32, m: &Columns) {
-        self.x.clear();
-        match weight {
-            None => self
-                .x
-                .extend(x.iter().map(|&v| if v.abs() > t { v } else { 0.0 })),
-            Some(w) => self.x.extend(
-                x.iter()
-                    .zip(w)
-                    .map(|(&v, &n)| if v.abs() * n > t { v } else { 0.0 }),
-            ),
-        }
-        match m {
-            Columns::Blocks { m, .. } => {
-                let inputs = m.kind().inputs();
-                if inputs.k {
-                    self.q.quantize_for(&self.x, inputs);
-                } else {
-                    self.q.quantize_values(&self.x);
-                }
-                self.channels.of(m.kind(), &self.q);
-            }
-            Columns::Matrix(m) if m.quant().is_some() => {
-                self.q.quantize_values(&self.x);
-                self.columns.of_quantized(&self.q);
-            }
-            Columns::Matrix(_) => self.columns.of_f32(&self.x),
-        }
+        self.x.resize(x.len(), 0.0);
+        mask(x, weight, t, &mut self.x);
+        quantize(
+            m,
+            &self.x,
+            &mut self.q,
+            &mut self.columns,
+            &mut self.channels,
+        );
     }
 
     /// The whole row (no mask) quantized for row-major blocks of `kind`: CHESS's up rows.
@@ -260,5 +327,47 @@ impl Input {
     /// The quantized row.
     pub(super) fn quantized(&self) -> &QuantizedRow {
         &self.q
+    }
+}
+
+/// Several rows' inputs to one product ([`Columns::product_rows`]): each row masked and
+/// quantized as [`Input`] does, and the union of their kept channels. Buffers are reused.
+#[derive(Debug, Default)]
+pub(super) struct Inputs {
+    rows: usize,
+    /// The masked rows, `rows * cols`.
+    x: Vec<f32>,
+    q: Vec<QuantizedRow>,
+    columns: Vec<ActiveColumns>,
+    channels: Vec<ActiveChannels>,
+    union: ActiveChannels,
+}
+
+impl Inputs {
+    /// [`Input::mask`] for each row of `x` (`rows * m.cols()` values).
+    pub(super) fn mask(&mut self, x: &[f32], weight: Option<&[f32]>, t: f32, m: &Columns) {
+        let cols = m.cols();
+        let rows = x.len() / cols.max(1);
+        self.rows = rows;
+        self.x.resize(rows * cols, 0.0);
+        if self.q.len() < rows {
+            self.q.resize_with(rows, Default::default);
+            self.columns.resize_with(rows, Default::default);
+            self.channels.resize_with(rows, Default::default);
+        }
+        for (r, xr) in x.chunks_exact(cols).enumerate() {
+            let xm = &mut self.x[r * cols..(r + 1) * cols];
+            mask(xr, weight, t, xm);
+            quantize(
+                m,
+                xm,
+                &mut self.q[r],
+                &mut self.columns[r],
+                &mut self.channels[r],
+            );
+        }
+        if let Some(kind) = m.kind() {
+            self.union.union_of(kind, &self.channels[..rows]);
+        }
     }
 }

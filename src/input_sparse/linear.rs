@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Module, Tensor};
 
+use super::columns::Inputs;
 use super::{Columns, Input, WeightTraffic};
 use crate::analysis::Histogram;
 use crate::cpu::{Kernels, Pool, SimdLevel, CHUNK};
@@ -22,6 +23,8 @@ use crate::tensor_io::{check_f32_rows_io, forward_tensor};
 #[derive(Debug, Default)]
 struct Scratch {
     input: Input,
+    /// A prompt's rows at once.
+    inputs: Inputs,
     y: Vec<f32>,
     traffic: WeightTraffic,
 }
@@ -181,6 +184,10 @@ impl InputSparseLinear {
             }
         }
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if rows > 1 {
+            self.rows_batched(&mut s, x, rows, out);
+            return Ok(());
+        }
         let Scratch {
             input, y, traffic, ..
         } = &mut *s;
@@ -205,6 +212,32 @@ impl InputSparseLinear {
             traffic.dense += dense as u64;
         }
         Ok(())
+    }
+
+    /// Several rows (a prompt) at once: each masked as alone, the weights read once per tile
+    /// of rows over the union of their kept channels; each row's result is its own, bit for
+    /// bit.
+    fn rows_batched(&self, s: &mut Scratch, x: &[f32], rows: usize, out: &mut [f32]) {
+        let o = self.w.rows();
+        let Scratch {
+            inputs, y, traffic, ..
+        } = s;
+        inputs.mask(x, None, self.threshold, &self.w);
+        let chunks = self.w.chunks();
+        y.resize(chunks * rows * CHUNK, 0.0);
+        let (k, inp) = (&self.kernels, &*inputs);
+        self.pool.run_chunks(y, chunks, rows * CHUNK, &|r, part| {
+            self.w.product_rows(k, r, inp, part);
+        });
+        for (r, or) in out.chunks_exact_mut(o).enumerate() {
+            for (j, v) in or.iter_mut().enumerate() {
+                let y = y[((j / CHUNK) * rows + r) * CHUNK + j % CHUNK];
+                *v = self.bias.as_ref().map_or(y, |b| y + b[j]);
+            }
+            traffic.rows += 1;
+            traffic.read += self.w.row_bytes_read(inputs, r) as u64;
+            traffic.dense += self.w.dense_bytes() as u64;
+        }
     }
 
     /// The layer on a tensor `[.., in]` (f32, f16 or bf16, CPU); `[.., out]` in the same dtype.

@@ -26,6 +26,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights};
 use crate::tensor_io::{check_f32_rows, forward_tensor};
 
+mod batch;
 mod chess;
 mod columns;
 mod greedy;
@@ -57,6 +58,8 @@ struct Scratch {
     h: Vec<f32>,
     y: Vec<f32>,
     traffic: WeightTraffic,
+    /// A prompt's rows at once.
+    batch: batch::Batch,
 }
 
 /// The FFN with input sparsity on column-major weights (see the module docs).
@@ -310,8 +313,16 @@ impl InputSparseFfn {
         } else {
             self.chess.as_ref()
         };
-        for (xr, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
-            self.row(&mut s, self.thresholds, gf, xr, o);
+        match &self.up {
+            // Several rows (a prompt) stream each matrix once; up by neuron (CHESS) goes by row.
+            Up::Columns(um) if rows > 1 => {
+                self.rows_batched(&mut s, self.thresholds, um, x, rows, out)
+            }
+            _ => {
+                for (xr, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+                    self.row(&mut s, self.thresholds, gf, xr, o);
+                }
+            }
         }
         Ok(())
     }

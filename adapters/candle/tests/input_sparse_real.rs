@@ -2,7 +2,8 @@
 //! with every threshold at 0 it reads the files' FFN blocks as shipped (Q4_K_M: gate and up
 //! Q5_0, down Q4_K in half the layers and Q6_K in the others) through the column layout and
 //! equals the dense fused decoder bit for bit, prompt and decode; with the default rule it skips
-//! bytes and picks the same first token.
+//! bytes, picks the same first token, and a prompt run at once (each product reading the rows'
+//! union of kept channels once) computes what decoding it token by token computes, bit for bit.
 
 use powerinfer_candle::{open, FfnMode, InputRuleOptions, Llama, TextTokenizer};
 use powerinfer_data::{self as data, Model};
@@ -68,6 +69,23 @@ fn check(m: Model) {
     );
     assert!((0.1..0.5).contains(&skipped), "{m}: skipped {skipped}");
     assert_eq!(argmax(&got[0]), argmax(&want[0]), "{m}: first token");
+    // Prefill is the sparse rows decoding computes: the prompt at once against token by token.
+    for (model, what) in [(&mut dense, "dense"), (&mut sparse, "input-sparse")] {
+        let at_once = logits(model, &prompt, 0).remove(0);
+        model.clear_kv_cache();
+        let mut one_by_one = Vec::new();
+        for (i, &t) in prompt.iter().enumerate() {
+            one_by_one = model.forward_logits(&[t], i).unwrap().to_vec();
+        }
+        let same = at_once
+            .iter()
+            .zip(&one_by_one)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{m} {what}: the prompt at once differs from token by token"
+        );
+    }
 }
 
 #[test]

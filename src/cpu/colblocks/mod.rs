@@ -34,7 +34,10 @@
 //!
 //! The product is exact per row and group in integers and scaled in the dense kernel's order
 //! ([`crate::cpu::dot_row`]): over an input whose skipped channels are zero, it equals the dense
-//! product of that input bit for bit, on every tier and row split.
+//! product of that input bit for bit, on every tier and row split. Several input rows (a prompt)
+//! go through one batched product over the union of their channels ([`ColumnBlocksRowsFn`]): a
+//! channel where a row is zero adds nothing to its sums, so each row's result is its own product's
+//! bit for bit.
 
 use std::ops::Range;
 
@@ -352,6 +355,8 @@ pub struct ActiveChannels {
     pub(crate) channels: Vec<u32>,
     pub(crate) groups: usize,
     pub(crate) blocks: usize,
+    /// [`ActiveChannels::union_of`]'s bit set, reused.
+    seen: Vec<u64>,
 }
 
 impl ActiveChannels {
@@ -359,19 +364,41 @@ impl ActiveChannels {
     /// `kind.inputs()`).
     pub fn of(&mut self, kind: BlockKind, x: &QuantizedRow) {
         let q = if kind.inputs().k { &x.k.q } else { &x.q };
-        let (group, block) = (format(kind).group, kind.block_elems());
         self.channels.clear();
-        (self.groups, self.blocks) = (0, 0);
-        let (mut last_g, mut last_b) = (usize::MAX, usize::MAX);
-        for (c, _) in q.iter().enumerate().filter(|(_, &v)| v != 0) {
-            self.channels.push(c as u32);
-            if c / group != last_g {
-                (last_g, self.groups) = (c / group, self.groups + 1);
-            }
-            if c / block != last_b {
-                (last_b, self.blocks) = (c / block, self.blocks + 1);
+        let nonzero = q.iter().enumerate().filter(|(_, &v)| v != 0);
+        self.channels.extend(nonzero.map(|(c, _)| c as u32));
+        self.count(kind);
+    }
+
+    /// The union of `sets` (each from [`ActiveChannels::of`] for a matrix of `kind`): the
+    /// channels a product over several rows reads ([`crate::cpu::Kernels::column_blocks_rows`]).
+    pub fn union_of<'a>(&mut self, kind: BlockKind, sets: impl IntoIterator<Item = &'a Self>) {
+        // A bit per channel, then the set bits in order: no sort of rows x channels entries.
+        self.seen.clear();
+        for s in sets {
+            for &c in &s.channels {
+                let w = c as usize / 64;
+                if w >= self.seen.len() {
+                    self.seen.resize(w + 1, 0);
+                }
+                self.seen[w] |= 1 << (c % 64);
             }
         }
+        self.channels.clear();
+        for (w, &bits) in self.seen.iter().enumerate() {
+            let mut b = bits;
+            while b != 0 {
+                self.channels.push((64 * w) as u32 + b.trailing_zeros());
+                b &= b - 1;
+            }
+        }
+        self.count(kind);
+    }
+
+    /// Counts the distinct groups and blocks of the channels.
+    fn count(&mut self, kind: BlockKind) {
+        self.groups = runs(&self.channels, format(kind).group).count();
+        self.blocks = runs(&self.channels, kind.block_elems()).count();
     }
 
     /// The active channels, ascending.
@@ -405,15 +432,73 @@ pub(crate) fn clamp(
     x: &QuantizedRow,
     out: &[f32],
 ) -> Option<Range<usize>> {
-    let held = match m.kind.inputs().k {
-        true => x.k.blocks() * QK_K == m.cols && x.k.q.len() == m.cols,
-        false => x.blocks() * QK == m.cols && x.q.len() == m.cols && x.sum.len() * QK == m.cols,
-    };
     let end = units
         .end
         .min(m.units())
         .min(units.start + out.len() / UNIT_ROWS);
-    held.then_some(units.start.min(end)..end)
+    holds(m, x).then_some(units.start.min(end)..end)
+}
+
+/// Whether `x` holds `m`'s input: quantized for its block type, `m.cols()` values.
+fn holds(m: &ColumnBlocks, x: &QuantizedRow) -> bool {
+    match m.kind.inputs().k {
+        true => x.k.blocks() * QK_K == m.cols && x.k.q.len() == m.cols,
+        false => x.blocks() * QK == m.cols && x.q.len() == m.cols && x.sum.len() * QK == m.cols,
+    }
+}
+
+/// The batched product's kernel: [`ColumnBlocksFn`] for every row of `xs` over the union of
+/// their active channels (`active` must hold every channel where some row is nonzero, as
+/// [`ActiveChannels::union_of`] makes it), into `out` in pieces of `per` units: unit `u` (counted
+/// from `units.start`) of row `r` starts at `(u / per) * rows * per * 32 + r * per * 32 + (u %
+/// per) * 32`. Arguments that do not fit are cut to what fits (whole pieces of `out`).
+pub(crate) type ColumnBlocksRowsFn =
+    fn(&ColumnBlocks, Range<usize>, &[QuantizedRow], &ActiveChannels, usize, &mut [f32]);
+
+/// What a batched product may compute: `units` cut to the matrix and to the whole pieces of
+/// `out`, or `None` when a row does not hold the matrix's input or `per` is 0.
+pub(crate) fn clamp_rows(
+    m: &ColumnBlocks,
+    units: Range<usize>,
+    xs: &[QuantizedRow],
+    per: usize,
+    out: &[f32],
+) -> Option<Range<usize>> {
+    let piece = (xs.len() * per * UNIT_ROWS).max(1);
+    let end = units
+        .end
+        .min(m.units())
+        .min(units.start + out.len() / piece * per);
+    (per > 0 && xs.iter().all(|x| holds(m, x))).then_some(units.start.min(end)..end)
+}
+
+/// Where unit `u` (counted from the first) of row `r` of `rows` starts in a batched product's
+/// output (see [`ColumnBlocksRowsFn`]).
+#[inline(always)]
+pub(crate) fn piece_at(u: usize, r: usize, rows: usize, per: usize) -> usize {
+    ((u / per * rows + r) * per + u % per) * UNIT_ROWS
+}
+
+/// The portable batched product (see [`ColumnBlocksRowsFn`]): [`product_scalar`] per unit and
+/// row. A channel where a row is zero adds nothing to its sums, so each row's result is its own
+/// product's bit for bit.
+pub(crate) fn product_rows_scalar(
+    m: &ColumnBlocks,
+    units: Range<usize>,
+    xs: &[QuantizedRow],
+    active: &ActiveChannels,
+    per: usize,
+    out: &mut [f32],
+) {
+    let Some(units) = clamp_rows(m, units, xs, per, out) else {
+        return;
+    };
+    for (i, u) in units.enumerate() {
+        for (r, x) in xs.iter().enumerate() {
+            let at = piece_at(i, r, xs.len(), per);
+            product_scalar(m, u..u + 1, x, active, &mut out[at..at + UNIT_ROWS]);
+        }
+    }
 }
 
 /// Splits an ascending channel list into runs of one unit of `per` channels each (a group, a

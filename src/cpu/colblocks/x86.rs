@@ -12,11 +12,15 @@
 //! a group's byte planes and a block's f16 planes, read after the runs, are asked for line by
 //! line during the group's first pass (on Qwen2.5-1.5B's down, Q4_K, 60% kept, this took the
 //! kernel from 57% to 68% of the dense kernel's GB/s from DRAM).
+//!
+//! Several input rows (a prompt) take the batched form, [`product_rows_vnni`]: the same gathers,
+//! each feeding every row of a chunk of 32, in short tiles of rows (see its docs).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{clamp, format, runs, ActiveChannels, ColumnBlocks, Format, Offsets};
+use super::Offsets;
+use super::{clamp, clamp_rows, format, piece_at, runs, ActiveChannels, ColumnBlocks, Format};
 use super::{SLAB_ROWS, UNIT_ROWS};
 use crate::cpu::blocks::BlockKind;
 use crate::cpu::quant::QuantizedRow;
@@ -315,6 +319,475 @@ unsafe fn channels_pass<const BITS: u32>(
         2 => pass!(2, 0, 1),
         3 => pass!(3, 0, 1, 2),
         _ => pass!(4, 0, 1, 2, 3),
+    }
+}
+
+/// Units per tile of the batched kernel (64 rows). A unit's channels lie a run apart (768 B to
+/// 4 KiB): short tiles keep the lines a tile reads in L1/L2 for the next tile's units.
+const TILE_UNITS: usize = 2;
+
+/// Rows of a tile.
+const TILE: usize = TILE_UNITS * UNIT_ROWS;
+
+/// Input rows per chunk of the batched kernel: a unit's gathers feed this many rows, whose sums
+/// and outputs for a tile (8 KiB per array) stay in L1.
+const ROW_CHUNK: usize = 32;
+
+/// What a batched product walks, built once per call: the union's blocks, groups and quads
+/// (four channels, the last of a group padded with its first channel against an input byte of
+/// 0), each quad's run starts in the current slab, and the rows' input bytes per quad.
+#[derive(Default)]
+struct Plan {
+    /// Per block: its index, and its groups `start..end`.
+    blocks: Vec<(usize, usize, usize)>,
+    /// Per group: its index, and its quads `start..end`.
+    groups: Vec<(usize, usize, usize)>,
+    /// Per quad: its channels (`u32::MAX`: padding).
+    chans: Vec<[u32; 4]>,
+    /// Per quad: where its channels' runs start in the slab.
+    runs: Vec<[usize; 4]>,
+    /// The rows' input bytes, four channels to a word: row `r`, quad `q` at `r * quads + q`
+    /// (a row's words of a group side by side).
+    words: Vec<i32>,
+}
+
+impl Plan {
+    fn build(&mut self, kind: BlockKind, f: Format, active: &ActiveChannels, xs: &[QuantizedRow]) {
+        self.blocks.clear();
+        self.groups.clear();
+        self.chans.clear();
+        for block in runs(&active.channels, kind.block_elems()) {
+            let first = self.groups.len();
+            for group in runs(block, f.group) {
+                let q0 = self.chans.len();
+                for quad in group.chunks(4) {
+                    let mut c = [u32::MAX; 4];
+                    c[..quad.len()].copy_from_slice(quad);
+                    self.chans.push(c);
+                }
+                let g = group[0] as usize / f.group;
+                self.groups.push((g, q0, self.chans.len()));
+            }
+            let b = block[0] as usize / kind.block_elems();
+            self.blocks.push((b, first, self.groups.len()));
+        }
+        let quads = self.chans.len();
+        self.words.clear();
+        self.words.resize(quads * xs.len(), 0);
+        let k = kind.inputs().k;
+        for (x, words) in xs.iter().zip(self.words.chunks_exact_mut(quads.max(1))) {
+            let xq: &[i8] = if k { &x.k.q } else { &x.q };
+            for (w, c) in words.iter_mut().zip(&self.chans) {
+                *w = i32::from_le_bytes(c.map(|c| xq.get(c as usize).map_or(0, |&v| v as u8)));
+            }
+        }
+    }
+
+    /// Points the quads' runs into the slab laid out by `o`.
+    fn locate(&mut self, o: &Offsets, planes: usize) {
+        self.runs.clear();
+        for c in &self.chans {
+            let first = o.column(c[0] as usize, planes);
+            self.runs.push(c.map(|c| {
+                if c == u32::MAX {
+                    first
+                } else {
+                    o.column(c as usize, planes)
+                }
+            }));
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's plan, reused across calls.
+    static PLAN: std::cell::RefCell<Plan> = std::cell::RefCell::new(Plan::default());
+}
+
+/// The batched product ([`super::ColumnBlocksRowsFn`]). Per tile of [`TILE_UNITS`] units (one
+/// slab's) and chunk of [`ROW_CHUNK`] input rows, per unit, a group's quads are gathered as the
+/// one-row kernel gathers them (up to 8, 16 rows x 4 channels each, twice) and held in registers
+/// while every row of the chunk sums its products; 32-weight blocks are scaled straight into the
+/// rows' outputs, the K-quants' groups folded into per-block sums, with the one-row kernel's
+/// operations in the dense kernel's order.
+///
+/// # Safety
+/// The CPU must have AVX-512F/BW/VL/VNNI and what [`supported`] checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
+pub(crate) unsafe fn product_rows_vnni(
+    m: &ColumnBlocks,
+    units: Range<usize>,
+    xs: &[QuantizedRow],
+    active: &ActiveChannels,
+    per: usize,
+    out: &mut [f32],
+) {
+    let Some(units) = clamp_rows(m, units, xs, per, out) else {
+        return;
+    };
+    let (kind, f) = (m.kind(), format(m.kind()));
+    PLAN.with_borrow_mut(|plan| {
+        plan.build(kind, f, active, xs);
+        let mut slab = usize::MAX;
+        let mut u = units.start;
+        while u < units.end {
+            let s = u / SLAB_UNITS;
+            let end = (u + TILE_UNITS).min((s + 1) * SLAB_UNITS).min(units.end);
+            let (base, o) = m.slab(s);
+            if s != slab {
+                slab = s;
+                plan.locate(&o, f.planes);
+            }
+            for r0 in (0..xs.len()).step_by(ROW_CHUNK) {
+                let t = Tile {
+                    kind,
+                    plan,
+                    data: m.data()[base..].as_ptr(),
+                    o,
+                    units: u - s * SLAB_UNITS..end - s * SLAB_UNITS,
+                    xs,
+                    rows: r0..(r0 + ROW_CHUNK).min(xs.len()),
+                    at: u - units.start,
+                    per,
+                };
+                // SAFETY: forwarded contract; `clamp_rows` cut the units to the matrix and to
+                // whole pieces of `out`, and a tile stays in one slab.
+                unsafe {
+                    match f.bits {
+                        4 => t.run::<4>(out),
+                        5 => t.run::<5>(out),
+                        6 => t.run::<6>(out),
+                        _ => t.run::<8>(out),
+                    }
+                }
+            }
+            u = end;
+        }
+    });
+}
+
+/// One tile of a batched product: units `units` of the slab at `data`, input rows `rows`.
+struct Tile<'a> {
+    kind: BlockKind,
+    plan: &'a Plan,
+    data: *const u8,
+    o: Offsets,
+    units: Range<usize>,
+    xs: &'a [QuantizedRow],
+    rows: Range<usize>,
+    /// The tile's first unit, counted in the output.
+    at: usize,
+    per: usize,
+}
+
+impl Tile<'_> {
+    /// # Safety
+    /// As [`product_rows_vnni`], the tile inside the matrix, one slab and `out`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
+    unsafe fn run<const BITS: u32>(&self, out: &mut [f32]) {
+        let (kind, o, plan, data) = (self.kind, &self.o, self.plan, self.data);
+        let f = format(kind);
+        let (nr, nu) = (self.rows.len(), self.units.len());
+        let (n, row0) = (nu * UNIT_ROWS, self.units.start * UNIT_ROWS);
+        let mut s = Sums {
+            sumi: [[0; TILE]; ROW_CHUNK],
+            summ: [[0; TILE]; ROW_CHUNK],
+            acc: [[0.0; TILE]; ROW_CHUNK],
+        };
+        for &(b, g0, g1) in &plan.blocks {
+            let heads = [o.head(b, 0) + 2 * row0, o.head(b, 1) + 2 * row0];
+            for (gi, &(g, q0, q1)) in plan.groups[g0..g1].iter().enumerate() {
+                if self.rows.start == 0 {
+                    let planes = [o.plane(g, 0) + row0, o.plane(g, 1) + row0];
+                    self.ask_next(q0..q1, &planes[..f.planes], 1, f);
+                    if gi == 0 {
+                        self.ask_next(q0..q0, &heads[..f.heads], 2, f);
+                    }
+                }
+                let end = match kind.inputs().k {
+                    true => End::Group {
+                        g,
+                        first: gi == 0,
+                        planes: [o.plane(g, 0) + row0, o.plane(g, 1) + row0],
+                    },
+                    false => End::Block { b, heads },
+                };
+                // SAFETY: the quads' runs hold the tile's units; `words` holds `xs.len()`
+                // values per quad; the sums `n` values per row.
+                unsafe { self.group::<BITS>(q0..q1, end, &mut s) };
+            }
+            if kind.inputs().k {
+                for (r, x) in self.xs[self.rows.clone()].iter().enumerate() {
+                    // SAFETY: a block's head planes hold a half per row of the slab, the
+                    // tile's `n` inside; the arrays hold `n` values.
+                    unsafe {
+                        apply_block(
+                            kind,
+                            f,
+                            data,
+                            heads,
+                            x,
+                            b,
+                            &s.sumi[r],
+                            &s.sumi[r],
+                            &s.summ[r],
+                            &mut s.acc[r][..n],
+                        )
+                    };
+                }
+            }
+        }
+        for (r, acc) in s.acc[..nr].iter().enumerate() {
+            for (i, v) in acc[..n].chunks_exact(UNIT_ROWS).enumerate() {
+                let at = piece_at(self.at + i, self.rows.start + r, self.xs.len(), self.per);
+                out[at..at + UNIT_ROWS].copy_from_slice(v);
+            }
+        }
+    }
+
+    /// One group's quads `quads` over the tile's units for the chunk's rows: per unit its
+    /// gathers stay in registers while each row sums its products and ends them as `end` says.
+    ///
+    /// # Safety
+    /// As [`Tile::run`].
+    #[inline(always)]
+    unsafe fn group<const BITS: u32>(&self, quads: Range<usize>, end: End, s: &mut Sums) {
+        // SAFETY: forwarded; one monomorphic loop per quad count, so the gathers stay in
+        // registers.
+        unsafe {
+            match quads.len() {
+                1 => self.group_n::<BITS, 1>(quads.start, end, s),
+                2 => self.group_n::<BITS, 2>(quads.start, end, s),
+                3 => self.group_n::<BITS, 3>(quads.start, end, s),
+                4 => self.group_n::<BITS, 4>(quads.start, end, s),
+                5 => self.group_n::<BITS, 5>(quads.start, end, s),
+                6 => self.group_n::<BITS, 6>(quads.start, end, s),
+                7 => self.group_n::<BITS, 7>(quads.start, end, s),
+                _ => self.group_n::<BITS, 8>(quads.start, end, s),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn group_n<const BITS: u32, const N: usize>(&self, q: usize, end: End, s: &mut Sums) {
+        let (kind, plan, data) = (self.kind, self.plan, self.data);
+        let f = format(kind);
+        let unit = f.unit;
+        let base = data.wrapping_add(self.units.start * unit);
+        let rows = &self.xs[self.rows.clone()];
+        let quads = plan.chans.len();
+        let w = plan.words[self.rows.start * quads + q..].as_ptr();
+        // SAFETY: a constant table of 64 bytes.
+        let idx = unsafe { _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()) };
+        for k in 0..self.units.len() {
+            let l0 = UNIT_ROWS * k;
+            // SAFETY: each quad's runs hold the tile's units from `base`; `w` holds `all`
+            // values per quad from the chunk's first row; planes and heads hold the tile's
+            // rows; the sums `32 units` values per row.
+            unsafe {
+                // A loop, not `array::from_fn`: a closure has no target features, so the
+                // intrinsics in it would not inline.
+                let z = _mm512_setzero_si512();
+                let mut g = [(z, z); N];
+                for (j, g) in g.iter_mut().enumerate() {
+                    let r = &plan.runs[q + j];
+                    let at = k * unit;
+                    let p = [
+                        base.add(r[0] + at),
+                        base.add(r[1] + at),
+                        base.add(r[2] + at),
+                        base.add(r[3] + at),
+                    ];
+                    *g = gather::<BITS>(p, idx);
+                }
+                let ends = Ends::load(kind, data, end, l0);
+                for (r, x) in rows.iter().enumerate() {
+                    let (mut a0, mut a1) = (z, z);
+                    let w = w.add(r * quads);
+                    for (j, &(lo, hi)) in g.iter().enumerate() {
+                        let xv = _mm512_set1_epi32(*w.add(j));
+                        a0 = _mm512_dpbusd_epi32(a0, lo, xv);
+                        a1 = _mm512_dpbusd_epi32(a1, hi, xv);
+                    }
+                    ends.apply(kind, f, end, x, [a0, a1], s, r, l0);
+                }
+            }
+        }
+    }
+
+    /// Asks (into L2) for what quads `quads` and the planes at `planes` (byte offsets of this
+    /// tile's rows; `per_row` bytes a row) read in the next tile: the first row chunk streams
+    /// each line in once, and as demand misses a group's lines would wait one after another.
+    #[inline(always)]
+    fn ask_next(&self, quads: Range<usize>, planes: &[usize], per_row: usize, f: Format) {
+        let bytes = self.units.len() * f.unit;
+        let off = self.units.end * f.unit;
+        let hint = |p: *const u8| {
+            // SAFETY: prefetches are hints and never fault; SSE is part of x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) };
+        };
+        for run in &self.plan.runs[quads] {
+            for &r in run {
+                let p = self.data.wrapping_add(r + off);
+                hint(p);
+                let last = p.wrapping_add(bytes - 1);
+                if last as usize >> 6 != p as usize >> 6 {
+                    hint(last);
+                }
+            }
+        }
+        let rows = self.units.len() * UNIT_ROWS * per_row;
+        for &at in planes {
+            for line in (0..rows).step_by(64) {
+                hint(self.data.wrapping_add(at + rows + line));
+            }
+        }
+    }
+}
+
+/// A tile's per-row sums: the K-quants' per-block integer sums, and the outputs.
+struct Sums {
+    sumi: [[i32; TILE]; ROW_CHUNK],
+    summ: [[i32; TILE]; ROW_CHUNK],
+    acc: [[f32; TILE]; ROW_CHUNK],
+}
+
+/// How a group's integer sums end: 32-weight blocks (a group is a block) are scaled into the
+/// outputs; the K-quants' groups are folded into the block's integer sums.
+#[derive(Clone, Copy)]
+enum End {
+    Block {
+        b: usize,
+        heads: [usize; 2],
+    },
+    Group {
+        g: usize,
+        first: bool,
+        planes: [usize; 2],
+    },
+}
+
+/// One unit's weight-side factors of an [`End`], shared by the rows: a block's f16 planes as
+/// floats, or a group's byte planes as `i32`.
+struct Ends {
+    p: [[__m512; 2]; 2],
+    b: [[__m512i; 2]; 2],
+}
+
+impl Ends {
+    /// The factors of rows `l0..l0 + 32` of the slab at `data`.
+    #[inline(always)]
+    unsafe fn load(kind: BlockKind, data: *const u8, end: End, l0: usize) -> Ends {
+        // SAFETY: the caller's planes and heads hold the unit's 32 rows; register-only
+        // AVX-512 otherwise.
+        unsafe {
+            let (zf, zi) = (_mm512_setzero_ps(), _mm512_setzero_si512());
+            let mut e = Ends {
+                p: [[zf; 2]; 2],
+                b: [[zi; 2]; 2],
+            };
+            match end {
+                End::Block { heads, .. } => {
+                    for (h, &at) in heads.iter().enumerate().take(format(kind).heads) {
+                        let p = data.add(at + 2 * l0);
+                        e.p[h] = [halves(p), halves(p.add(32))];
+                    }
+                }
+                End::Group { planes, .. } => {
+                    let byte =
+                        |at: usize, i: usize| _mm_loadu_si128(data.add(at + l0 + 16 * i).cast());
+                    for i in 0..2 {
+                        e.b[0][i] = match kind {
+                            BlockKind::Q6K => _mm512_cvtepi8_epi32(byte(planes[0], i)),
+                            _ => _mm512_cvtepu8_epi32(byte(planes[0], i)),
+                        };
+                        if kind != BlockKind::Q6K {
+                            e.b[1][i] = _mm512_cvtepu8_epi32(byte(planes[1], i));
+                        }
+                    }
+                }
+            }
+            e
+        }
+    }
+
+    /// Ends row `r`'s sums `a` (rows 0-15, 16-31 of the unit at `l0`) as `end` says, with the
+    /// operations and order of [`fold_group`] and [`apply_block`].
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn apply(
+        &self,
+        kind: BlockKind,
+        f: Format,
+        end: End,
+        x: &QuantizedRow,
+        a: [__m512i; 2],
+        s: &mut Sums,
+        r: usize,
+        l0: usize,
+    ) {
+        // SAFETY: the sums hold `l0 + 32` values per row; register-only AVX-512 otherwise.
+        unsafe {
+            match end {
+                End::Block { b, .. } => {
+                    let dx = _mm512_set1_ps(x.d[b]);
+                    let off = _mm512_set1_epi32(f.offset * x.sum[b]);
+                    let sx = _mm512_set1_ps(x.s[b]);
+                    for (i, &a) in a.iter().enumerate() {
+                        let p = s.acc[r].as_mut_ptr().add(l0 + 16 * i);
+                        let v = _mm512_loadu_ps(p);
+                        let d = self.p[0][i];
+                        let v = match kind {
+                            BlockKind::Q4_1 | BlockKind::Q5_1 => {
+                                let t = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), d), dx);
+                                let t = _mm512_add_ps(t, _mm512_mul_ps(self.p[1][i], sx));
+                                _mm512_add_ps(v, t)
+                            }
+                            _ => {
+                                let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, off));
+                                _mm512_fmadd_ps(s, _mm512_mul_ps(d, dx), v)
+                            }
+                        };
+                        _mm512_storeu_ps(p, v);
+                    }
+                }
+                End::Group { g, first, .. } => {
+                    let q6 = kind == BlockKind::Q6K;
+                    let bsum = match q6 {
+                        true => x.k.bsum[g] as i32,
+                        false => x.k.bsum[2 * g] as i32 + x.k.bsum[2 * g + 1] as i32,
+                    };
+                    let (off, bs) = (_mm512_set1_epi32(32 * bsum), _mm512_set1_epi32(bsum));
+                    for (i, &a) in a.iter().enumerate() {
+                        let (si, mm) = match q6 {
+                            true => (
+                                _mm512_mullo_epi32(self.b[0][i], _mm512_sub_epi32(a, off)),
+                                _mm512_setzero_si512(),
+                            ),
+                            false => (
+                                _mm512_mullo_epi32(self.b[0][i], a),
+                                _mm512_mullo_epi32(self.b[1][i], bs),
+                            ),
+                        };
+                        let pi = s.sumi[r].as_mut_ptr().add(l0 + 16 * i);
+                        let pm = s.summ[r].as_mut_ptr().add(l0 + 16 * i);
+                        if first {
+                            _mm512_storeu_si512(pi.cast(), si);
+                            _mm512_storeu_si512(pm.cast(), mm);
+                        } else {
+                            _mm512_storeu_si512(
+                                pi.cast(),
+                                _mm512_add_epi32(_mm512_loadu_si512(pi.cast()), si),
+                            );
+                            _mm512_storeu_si512(
+                                pm.cast(),
+                                _mm512_add_epi32(_mm512_loadu_si512(pm.cast()), mm),
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -1,0 +1,120 @@
+//! A prompt's rows through the input-sparse FFN at once: each row is masked by the same rule as
+//! a decoded row, and each product reads the union of the rows' kept channels once per tile of
+//! rows ([`Columns::product_rows`]), so the weights stream once per prompt instead of once per
+//! row. Each row's result is what [`InputSparseFfn`] computes for it alone, bit for bit: prefill
+//! computes the sparse rows generation computes, and `eval` over a text measures exactly what
+//! decoding it would.
+
+use super::columns::{Columns, Inputs};
+use super::{InputSparseFfn, InputThresholds, Scratch};
+use crate::cpu::CHUNK;
+
+/// Reused buffers of the batched path.
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    gate: Inputs,
+    up: Inputs,
+    down: Inputs,
+    /// Gate then up outputs, by chunk (see [`Columns::product_rows`]).
+    gu: Vec<f32>,
+    /// `h` and up's values, `rows * intermediate` each.
+    h: Vec<f32>,
+    u: Vec<f32>,
+    /// Down's outputs, by chunk.
+    y: Vec<f32>,
+}
+
+/// Where value `j` of row `r` (of `rows`) lies in a product's output by chunk that starts at
+/// chunk `c0`.
+fn at(c0: usize, rows: usize, r: usize, j: usize) -> usize {
+    ((c0 + j / CHUNK) * rows + r) * CHUNK + j % CHUNK
+}
+
+impl InputSparseFfn {
+    /// `rows` rows of `x` (up stored by column) into `out`: masks, gate and up in one dispatch,
+    /// `h`, down in a second, as [`InputSparseFfn::row`] per row.
+    pub(super) fn rows_batched(
+        &self,
+        s: &mut Scratch,
+        t: InputThresholds,
+        um: &Columns,
+        x: &[f32],
+        rows: usize,
+        out: &mut [f32],
+    ) {
+        let (hd, n) = (self.spec.hidden, self.spec.intermediate);
+        for xr in x.chunks_exact(hd) {
+            self.record(xr, None);
+        }
+        let b = &mut s.batch;
+        if let Some(gm) = &self.gate {
+            b.gate.mask(x, self.weight(gm), t.gate, gm);
+        }
+        let shared = self.shares_input(t);
+        if !shared {
+            b.up.mask(x, self.weight(um), t.up, um);
+        }
+        let cg = self.gate.as_ref().map_or(0, |g| g.chunks());
+        let cu = um.chunks();
+        b.gu.resize((cg + cu) * rows * CHUNK, 0.0);
+        let k = &self.kernels;
+        let (gate_in, up_in) = (&b.gate, if shared { &b.gate } else { &b.up });
+        self.pool
+            .run_chunks(&mut b.gu, cg + cu, rows * CHUNK, &|r, part| {
+                // Gate chunks first, then up chunks.
+                let split = (cg.clamp(r.start, r.end) - r.start) * rows * CHUNK;
+                let (pg, pu) = part.split_at_mut(split);
+                if let Some(gm) = &self.gate {
+                    if !pg.is_empty() {
+                        gm.product_rows(k, r.start..cg.min(r.end), gate_in, pg);
+                    }
+                }
+                if !pu.is_empty() {
+                    um.product_rows(k, r.start.max(cg) - cg..r.end - cg, up_in, pu);
+                }
+            });
+        let act = self.spec.activation;
+        let bias = |b: &Option<Vec<f32>>, j: usize| b.as_ref().map_or(0.0, |b| b[j]);
+        b.h.resize(rows * n, 0.0);
+        b.u.resize(rows * n, 0.0);
+        for r in 0..rows {
+            let (h, u) = (&mut b.h[r * n..(r + 1) * n], &mut b.u[r * n..(r + 1) * n]);
+            for (j, (hv, uv)) in h.iter_mut().zip(u.iter_mut()).enumerate() {
+                *uv = b.gu[at(cg, rows, r, j)];
+                let up = *uv + bias(&self.up_bias, j);
+                *hv = match self.gate {
+                    Some(_) => act.gated(b.gu[at(0, rows, r, j)] + bias(&self.gate_bias, j), up),
+                    None => act.ungated(up),
+                };
+            }
+            self.record(&x[r * hd..(r + 1) * hd], Some((&*h, &*u)));
+        }
+        b.down
+            .mask(&b.h, self.weight(&self.down), t.down, &self.down);
+        let cd = self.down.chunks();
+        b.y.resize(cd * rows * CHUNK, 0.0);
+        let down_in = &b.down;
+        self.pool
+            .run_chunks(&mut b.y, cd, rows * CHUNK, &|r, part| {
+                self.down.product_rows(k, r, down_in, part);
+            });
+        for (r, o) in out.chunks_exact_mut(hd).enumerate() {
+            for (i, o) in o.iter_mut().enumerate() {
+                let v = b.y[at(0, rows, r, i)];
+                *o = self.down_bias.as_ref().map_or(v, |b| v + b[i]);
+            }
+        }
+        let dense = self.down.dense_bytes()
+            + self.gate.as_ref().map_or(0, |g| g.dense_bytes())
+            + um.dense_bytes();
+        for r in 0..rows {
+            let mut read = self.down.row_bytes_read(&b.down, r) + um.row_bytes_read(up_in, r);
+            if let Some(gm) = &self.gate {
+                read += gm.row_bytes_read(&b.gate, r);
+            }
+            s.traffic.rows += 1;
+            s.traffic.read += read as u64;
+            s.traffic.dense += dense as u64;
+        }
+    }
+}
