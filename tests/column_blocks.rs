@@ -158,12 +158,12 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
     #[test]
     fn batched_product_is_each_rows_masked_dense_product(
         (kind, cols) in kind_and_cols(),
-        rows in 0usize..300,
-        n in 1usize..16,
+        rows in 0usize..700,
+        n in 1usize..40,
         per in 1usize..4,
         drop in prop::sample::select(vec![0.0, 0.3, 0.7, 1.0]),
         run in prop::sample::select(vec![1usize, 3, 4, 8, 32]),
@@ -210,8 +210,8 @@ fn rows_past_one_pass() {
     }
 }
 
-/// The batched product at the input counts its row tiles split into (8, 4, 2, 1), every block
-/// type, at unit counts around its tile of units (8).
+/// The batched product around its tiles (12 units of rows, 32 input rows), every block type:
+/// one row, one and several tiles, a last tile of one unit, one input row to more than a chunk.
 #[test]
 fn batched_edge_shapes() {
     for kind in BlockKind::ALL {
@@ -219,10 +219,11 @@ fn batched_edge_shapes() {
             (0, 3),
             (1, 1),
             (33, 2),
-            (255, 15),
-            (256, 8),
-            (257, 9),
-            (300, 7),
+            (383, 31),
+            (384, 32),
+            (385, 33),
+            (1057, 40),
+            (300, 65),
         ] {
             check_rows(kind, rows, kind.block_elems(), n, 2, 0.5, 1, 1, rows as u64);
         }
