@@ -49,6 +49,15 @@ fn product_bits(
     out[..m.rows()].iter().map(|v| v.to_bits()).collect()
 }
 
+/// A seeded random `rows x cols` matrix of `kind`: the generator (for the inputs), the blocks and
+/// their column layout.
+fn matrix(kind: BlockKind, rows: usize, cols: usize, seed: u64) -> (StdRng, Vec<u8>, ColumnBlocks) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let w = random_rows(kind, rows, cols, &mut rng);
+    let m = ColumnBlocks::from_blocks(kind, rows, cols, &w).unwrap();
+    (rng, w, m)
+}
+
 fn check(
     kind: BlockKind,
     rows: usize,
@@ -58,9 +67,7 @@ fn check(
     split: usize,
     seed: u64,
 ) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let w = random_rows(kind, rows, cols, &mut rng);
-    let m = ColumnBlocks::from_blocks(kind, rows, cols, &w).unwrap();
+    let (mut rng, w, m) = matrix(kind, rows, cols, seed);
     let mut xq = QuantizedRow::default();
     xq.quantize_for(&masked(&mut rng, cols, drop, run), kind.inputs());
     let mut a = ActiveChannels::default();
@@ -97,9 +104,7 @@ fn check_rows(
     split: usize,
     seed: u64,
 ) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let w = random_rows(kind, rows, cols, &mut rng);
-    let m = ColumnBlocks::from_blocks(kind, rows, cols, &w).unwrap();
+    let (mut rng, w, m) = matrix(kind, rows, cols, seed);
     let mut xs = vec![QuantizedRow::default(); n];
     let mut sets = vec![ActiveChannels::default(); n];
     for (x, a) in xs.iter_mut().zip(&mut sets) {
