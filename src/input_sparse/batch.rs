@@ -5,7 +5,7 @@
 //! computes the sparse rows generation computes, and `eval` over a text measures exactly what
 //! decoding it would.
 
-use super::columns::{Columns, Inputs};
+use super::columns::{chunked_at as at, Columns, Inputs};
 use super::{InputSparseFfn, InputThresholds, Scratch};
 use crate::cpu::CHUNK;
 
@@ -22,12 +22,6 @@ pub(super) struct Batch {
     u: Vec<f32>,
     /// Down's outputs, by chunk.
     y: Vec<f32>,
-}
-
-/// Where value `j` of row `r` (of `rows`) lies in a product's output by chunk that starts at
-/// chunk `c0`.
-fn at(c0: usize, rows: usize, r: usize, j: usize) -> usize {
-    ((c0 + j / CHUNK) * rows + r) * CHUNK + j % CHUNK
 }
 
 impl InputSparseFfn {

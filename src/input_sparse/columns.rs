@@ -208,6 +208,12 @@ impl Columns {
     }
 }
 
+/// Where value `j` of row `r` (of `rows`) lies in a [`Columns::product_rows`] output that starts
+/// at chunk `c0` of the buffer.
+pub(super) fn chunked_at(c0: usize, rows: usize, r: usize, j: usize) -> usize {
+    ((c0 + j / CHUNK) * rows + r) * CHUNK + j % CHUNK
+}
+
 /// A GGUF tensor `[rows, cols]`'s block type and bytes, checked: the shape, and a block type of
 /// [`BlockKind`].
 pub(super) fn blocks<'a>(

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Module, Tensor};
 
-use super::columns::Inputs;
+use super::columns::{chunked_at, Inputs};
 use super::{Columns, Input, WeightTraffic};
 use crate::analysis::Histogram;
 use crate::cpu::{Kernels, Pool, SimdLevel, CHUNK};
@@ -229,14 +229,15 @@ impl InputSparseLinear {
         self.pool.run_chunks(y, chunks, rows * CHUNK, &|r, part| {
             self.w.product_rows(k, r, inp, part);
         });
+        let dense = self.w.dense_bytes() as u64;
         for (r, or) in out.chunks_exact_mut(o).enumerate() {
             for (j, v) in or.iter_mut().enumerate() {
-                let y = y[((j / CHUNK) * rows + r) * CHUNK + j % CHUNK];
+                let y = y[chunked_at(0, rows, r, j)];
                 *v = self.bias.as_ref().map_or(y, |b| y + b[j]);
             }
             traffic.rows += 1;
             traffic.read += self.w.row_bytes_read(inputs, r) as u64;
-            traffic.dense += self.w.dense_bytes() as u64;
+            traffic.dense += dense;
         }
     }
 
