@@ -231,6 +231,49 @@ unsafe fn gather<const BITS: u32>(p: [*const u8; 4], idx: __m512i) -> (__m512i, 
     }
 }
 
+/// `vpermt2b` indices taking units `k` (`PAIRS[0]`) and `k + 1` (`PAIRS[1]`) of four channels
+/// out of two vectors, each holding two channels' 32 bytes (units `k` and `k + 1`), into
+/// [`INTERLEAVE`]'s order.
+const PAIRS: [[u8; 64]; 2] = {
+    let mut t = [[0u8; 64]; 2];
+    let mut i = 0;
+    while i < 64 {
+        let (l, c) = (i / 4, i % 4);
+        t[0][i] = (32 * c + l) as u8;
+        t[1][i] = (32 * c + 16 + l) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Two channels' 32 bytes at `a` and `b` in one vector.
+#[inline(always)]
+unsafe fn two(a: *const u8, b: *const u8) -> __m512i {
+    // SAFETY: the caller passes 32 readable bytes at each.
+    unsafe {
+        let v = _mm512_castsi256_si512(_mm256_loadu_si256(a.cast()));
+        _mm512_inserti64x4::<1>(v, _mm256_loadu_si256(b.cast()))
+    }
+}
+
+/// [`gather`] of two units at once for 4-bit values: rows 0-15 and 16-31 of unit `k`, then of
+/// unit `k + 1`.
+#[inline(always)]
+unsafe fn gather_pair(p: [*const u8; 4], pairs: [__m512i; 2]) -> [__m512i; 4] {
+    // SAFETY: the caller passes two whole units at each.
+    unsafe {
+        let (v01, v23) = (two(p[0], p[1]), two(p[2], p[3]));
+        let low = _mm512_set1_epi8(0x0F);
+        let [u0, u1] = pairs.map(|i| _mm512_permutex2var_epi8(v01, i, v23));
+        [
+            _mm512_and_si512(u0, low),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(u0), low),
+            _mm512_and_si512(u1, low),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(u1), low),
+        ]
+    }
+}
+
 /// Adds (or, `FIRST`, stores) the products of `N` gathers of four channels of one group over
 /// `units` units into `isum` (`real`: the channels among them that are not padding, for the
 /// prefetch cursor, which moves `real` units per unit of rows).
@@ -246,9 +289,42 @@ unsafe fn pass<const BITS: u32, const N: usize, const FIRST: bool>(
     ahead: &mut Ahead,
     later: Later,
 ) {
-    // SAFETY: a constant table of 64 bytes.
-    let idx = unsafe { _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()) };
-    for k in 0..units {
+    // SAFETY: constant tables of 64 bytes.
+    let (idx, pairs) = unsafe {
+        (
+            _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()),
+            PAIRS.map(|t| _mm512_loadu_si512(t.as_ptr().cast())),
+        )
+    };
+    let mut k0 = 0;
+    // 4-bit values two units at a time: a unit is 16 bytes, so each channel's pair is one
+    // 32-byte load, half the loads and inserts of one unit at a time.
+    while BITS == 4 && k0 + 2 <= units {
+        for k in k0..k0 + 2 {
+            ahead.advance(real * unit);
+            later.unit(k);
+        }
+        // SAFETY: each `src` starts a run of `units` whole units; `isum` holds `32 units`
+        // values.
+        unsafe {
+            let a = isum.add(UNIT_ROWS * k0);
+            let mut acc = match FIRST {
+                true => [_mm512_setzero_si512(); 4],
+                false => [0, 16, 32, 48].map(|i| _mm512_loadu_si512(a.add(i).cast())),
+            };
+            for j in 0..N {
+                let g = gather_pair(src[j].map(|p| p.add(k0 * unit)), pairs);
+                for (acc, g) in acc.iter_mut().zip(g) {
+                    *acc = _mm512_dpbusd_epi32(*acc, g, xb[j]);
+                }
+            }
+            for (i, acc) in [0, 16, 32, 48].into_iter().zip(acc) {
+                _mm512_storeu_si512(a.add(i).cast(), acc);
+            }
+        }
+        k0 += 2;
+    }
+    for k in k0..units {
         ahead.advance(real * unit);
         later.unit(k);
         // SAFETY: each `src` starts a run of `units` whole units; `isum` holds `32 units`
@@ -273,7 +349,23 @@ unsafe fn pass<const BITS: u32, const N: usize, const FIRST: bool>(
     }
 }
 
-/// [`pass`] over up to 16 channels of one group ([`pass_channels`]; `run(c)`: where channel
+/// Where each channel's run starts in a pass over a slab's units from some unit on.
+#[derive(Clone, Copy)]
+struct Runs {
+    /// The slab's data, moved on to the pass's first unit.
+    data: *const u8,
+    o: Offsets,
+    planes: usize,
+}
+
+impl Runs {
+    #[inline(always)]
+    fn at(&self, c: usize) -> *const u8 {
+        self.data.wrapping_add(self.o.column(c, self.planes))
+    }
+}
+
+/// [`pass`] over up to 16 channels of one group ([`pass_channels`]; `run.at(c)`: where channel
 /// `c`'s run starts in the pass), with their input bytes from `xq`; channels past a multiple of
 /// four are padded with the first one against an input byte of 0.
 #[inline(always)]
@@ -281,7 +373,7 @@ unsafe fn pass<const BITS: u32, const N: usize, const FIRST: bool>(
 unsafe fn channels_pass<const BITS: u32>(
     channels: &[u32],
     first: bool,
-    run: impl Fn(usize) -> *const u8,
+    run: Runs,
     xq: &[i8],
     units: usize,
     unit: usize,
@@ -289,21 +381,20 @@ unsafe fn channels_pass<const BITS: u32>(
     ahead: &mut Ahead,
     later: Later,
 ) {
-    let four = |j: usize| {
-        let mut src = [run(channels[0] as usize); 4];
-        let mut x = [0u8; 4];
-        for (i, &c) in channels.iter().skip(4 * j).take(4).enumerate() {
-            src[i] = run(c as usize);
-            x[i] = xq[c as usize] as u8;
-        }
-        // SAFETY: register-only AVX-512F; the caller runs with it.
-        (src, unsafe { _mm512_set1_epi32(i32::from_le_bytes(x)) })
-    };
     let real = channels.len();
+    // Written without closures: a closure has no target features, so the intrinsics (and the
+    // offset arithmetic around them) became calls, 14% of the kernel's time on SmolLM2's down.
+    let mut src = [[run.at(channels[0] as usize); 4]; 4];
+    let mut words = [[0u8; 4]; 4];
+    for (i, &c) in channels.iter().enumerate().take(16) {
+        src[i / 4][i % 4] = run.at(c as usize);
+        words[i / 4][i % 4] = xq[c as usize] as u8;
+    }
     macro_rules! pass {
         ($n:literal, $($j:literal),+) => {{
-            let g = [$(four($j)),+];
-            let (src, xb) = (g.map(|g| g.0), g.map(|g| g.1));
+            let src = [$(src[$j]),+];
+            // SAFETY: register-only AVX-512F; the caller runs with it.
+            let xb = unsafe { [$(_mm512_set1_epi32(i32::from_le_bytes(words[$j]))),+] };
             // SAFETY: forwarded contract.
             unsafe {
                 let (u, s) = (unit, isum);
@@ -819,6 +910,13 @@ impl Ends {
     }
 }
 
+/// Values `i..i + 16` of `s`.
+#[inline(always)]
+unsafe fn ints(s: &[i32], i: usize) -> __m512i {
+    // SAFETY: the caller passes `i + 16 <= s.len()`.
+    unsafe { _mm512_loadu_si512(s.as_ptr().add(i).cast()) }
+}
+
 /// 16 halves at `p` as floats.
 #[inline(always)]
 unsafe fn halves(p: *const u8) -> __m512 {
@@ -847,10 +945,37 @@ unsafe fn vnni<const BITS: u32>(
     let Some(units) = clamp(m, units, x, out) else {
         return;
     };
+    SLAB_SUMS.with_borrow_mut(|sums| {
+        let (isum, rest) = sums.split_at_mut(SLAB_ROWS);
+        let (sumi, summ) = rest.split_at_mut(SLAB_ROWS);
+        // SAFETY: forwarded contract; each array holds a slab's rows.
+        unsafe { slabs::<BITS>(m, units, x, active, out, isum, sumi, summ) }
+    })
+}
+
+thread_local! {
+    /// The integer sums of one slab's rows, per group (`isum`) and per block (the K-quants'
+    /// `sumi`, `summ`), on the heap once per thread: three 32 KiB arrays zeroed on the stack
+    /// per call were 5% of a product at SmolLM2's size.
+    static SLAB_SUMS: std::cell::RefCell<Vec<i32>> = std::cell::RefCell::new(vec![0; 3 * SLAB_ROWS]);
+}
+
+/// [`vnni`] with its sums (`SLAB_ROWS` values each).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
+unsafe fn slabs<const BITS: u32>(
+    m: &ColumnBlocks,
+    units: Range<usize>,
+    x: &QuantizedRow,
+    active: &ActiveChannels,
+    out: &mut [f32],
+    isum: &mut [i32],
+    sumi: &mut [i32],
+    summ: &mut [i32],
+) {
     let (kind, f) = (m.kind(), format(m.kind()));
     let xq: &[i8] = if kind.inputs().k { &x.k.q } else { &x.q };
     let (per_group, per_block) = (f.group, kind.block_elems());
-    let (mut isum, mut sumi, mut summ) = ([0i32; SLAB_ROWS], [0i32; SLAB_ROWS], [0i32; SLAB_ROWS]);
     let mut u = units.start;
     while u < units.end {
         let s = u / SLAB_UNITS;
@@ -881,7 +1006,11 @@ unsafe fn vnni<const BITS: u32>(
                         later.push(data.wrapping_add(h), 2);
                     }
                 }
-                let run = |c: usize| data.wrapping_add(o.column(c, f.planes) + u0 * f.unit);
+                let run = Runs {
+                    data: data.wrapping_add(u0 * f.unit),
+                    o,
+                    planes: f.planes,
+                };
                 for (i, chans) in group.chunks(pass_channels(BITS)).enumerate() {
                     let later = if i == 0 { later } else { Later::default() };
                     let s = isum.as_mut_ptr();
@@ -913,15 +1042,15 @@ unsafe fn vnni<const BITS: u32>(
                             g,
                             gi == 0,
                             &isum[..n],
-                            &mut sumi,
-                            &mut summ,
+                            sumi,
+                            summ,
                         )
                     };
                 }
             }
             // SAFETY: a block's head planes hold a half per row of the slab, rows
             // `row0..row0 + n` inside; `acc` and the arrays hold `n` values.
-            unsafe { apply_block(kind, f, data, heads, x, b, &isum, &sumi, &summ, acc) };
+            unsafe { apply_block(kind, f, data, heads, x, b, isum, sumi, summ, acc) };
         }
         u = end;
     }
@@ -1016,35 +1145,37 @@ unsafe fn apply_block(
             _mm512_set1_ps(sx),
         )
     };
-    for i in (0..acc.len()).step_by(16) {
-        // SAFETY: see the caller; `i + 16 <= n` as `n` is a multiple of 32.
-        unsafe {
-            let a = acc.as_mut_ptr().add(i);
-            let load = |s: &[i32]| _mm512_loadu_si512(s.as_ptr().add(i).cast());
-            let v = _mm512_loadu_ps(a);
-            let d = halves(d0.add(2 * i));
-            let v = match kind {
-                BlockKind::Q4K | BlockKind::Q5K => {
-                    let v =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(load(sumi)), _mm512_mul_ps(d, dx), v);
-                    let dmin = _mm512_mul_ps(halves(d1.add(2 * i)), dx);
-                    _mm512_fmadd_ps(neg(_mm512_cvtepi32_ps(load(summ))), dmin, v)
+    // One loop per block type: a `match` inside the loop was a jump table per 16 rows.
+    macro_rules! rows {
+        (|$i:ident, $v:ident, $d:ident| $body:expr) => {
+            for $i in (0..acc.len()).step_by(16) {
+                // SAFETY: see the caller; `i + 16 <= n` as `n` is a multiple of 32.
+                unsafe {
+                    let a = acc.as_mut_ptr().add($i);
+                    let ($v, $d) = (_mm512_loadu_ps(a), halves(d0.add(2 * $i)));
+                    _mm512_storeu_ps(a, $body);
                 }
-                BlockKind::Q6K => {
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(load(sumi)), _mm512_mul_ps(d, dx), v)
-                }
-                BlockKind::Q4_1 | BlockKind::Q5_1 => {
-                    let s = _mm512_cvtepi32_ps(load(isum));
-                    let t = _mm512_mul_ps(_mm512_mul_ps(s, d), dx);
-                    let t = _mm512_add_ps(t, _mm512_mul_ps(halves(d1.add(2 * i)), sx));
-                    _mm512_add_ps(v, t)
-                }
-                _ => {
-                    let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(load(isum), off));
-                    _mm512_fmadd_ps(s, _mm512_mul_ps(d, dx), v)
-                }
-            };
-            _mm512_storeu_ps(a, v);
-        }
+            }
+        };
+    }
+    match kind {
+        BlockKind::Q4K | BlockKind::Q5K => rows!(|i, v, d| {
+            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ints(sumi, i)), _mm512_mul_ps(d, dx), v);
+            let dmin = _mm512_mul_ps(halves(d1.add(2 * i)), dx);
+            _mm512_fmadd_ps(neg(_mm512_cvtepi32_ps(ints(summ, i))), dmin, v)
+        }),
+        BlockKind::Q6K => rows!(|i, v, d| {
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(ints(sumi, i)), _mm512_mul_ps(d, dx), v)
+        }),
+        BlockKind::Q4_1 | BlockKind::Q5_1 => rows!(|i, v, d| {
+            let s = _mm512_cvtepi32_ps(ints(isum, i));
+            let t = _mm512_mul_ps(_mm512_mul_ps(s, d), dx);
+            let t = _mm512_add_ps(t, _mm512_mul_ps(halves(d1.add(2 * i)), sx));
+            _mm512_add_ps(v, t)
+        }),
+        _ => rows!(|i, v, d| {
+            let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(ints(isum, i), off));
+            _mm512_fmadd_ps(s, _mm512_mul_ps(d, dx), v)
+        }),
     }
 }
