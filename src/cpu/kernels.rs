@@ -278,7 +278,7 @@ impl Kernels {
             k.axpy4_qs = |y, a, w| unsafe { split::x86::axpy4_avx512(y, a, w) };
             k.columns_q = |m, c, x, a, o| unsafe { columns::x86::product_vnni(m, c, x, a, o) };
         }
-        // The column-block product also needs VBMI (its gather), BMI2, F16C and FMA.
+        // The column-block product also needs VBMI and BITALG (its gather), F16C and FMA.
         #[cfg(target_arch = "x86_64")]
         if tier == SimdLevel::Avx512 && has_vnni512() && colblocks::x86::supported() {
             // SAFETY: AVX-512F/BW/VL/VNNI detected by `has_vnni512`, the rest by `supported`.
@@ -293,7 +293,7 @@ impl Kernels {
     }
 
     /// Whether [`Kernels::column_blocks`] runs a SIMD kernel on this tier (AVX-512 VNNI with
-    /// VBMI and BMI2); elsewhere it runs the portable product, several times slower.
+    /// VBMI and BITALG); elsewhere it runs the portable product, several times slower.
     pub fn has_column_blocks_simd(&self) -> bool {
         self.column_blocks_simd
     }

@@ -2,7 +2,7 @@
 //!
 //! GGUF weights of every block type the dense decoder runs are the file's blocks laid out as
 //! [`ColumnBlocks`] (skip unit: one input channel). Its SIMD kernel needs AVX-512 VNNI with VBMI
-//! and BMI2; on other tiers Q4_0, Q4_1 and Q8_0 blocks take the older [`ColumnMatrix`] layout,
+//! and BITALG; on other tiers Q4_0, Q4_1 and Q8_0 blocks take the older [`ColumnMatrix`] layout,
 //! which has AVX2 kernels (the portable column-block product is 7-8x slower than the dense
 //! decoder there), and the other types the portable product, with a warning (on
 //! Qwen2.5-Coder-0.5B at the AVX2 tier its FFN takes 337 ms per token against dense's 25). Float weights are a
@@ -74,7 +74,7 @@ impl Columns {
                 tracing::warn!(
                     "input-sparse matrices other than Q4_0, Q4_1 and Q8_0 (here {kind}) on the \
                      {} tier run the portable column-block product, about 10x slower than the \
-                     dense decoder (its SIMD kernel needs AVX-512 VNNI with VBMI)",
+                     dense decoder (its SIMD kernel needs AVX-512 VNNI with VBMI and BITALG)",
                     k.tier()
                 )
             });

@@ -58,6 +58,9 @@ pub const UNIT_ROWS: usize = 32;
 /// 73-75% of the dense kernel's GB/s, 4096-row slabs 70-72%, 2048-row slabs less.
 pub const SLAB_ROWS: usize = 8192;
 
+/// Bytes past the last unit that a kernel may read (and ignore).
+const SLACK: usize = 32;
+
 /// How a block type sits in the column layout.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Format {
@@ -238,7 +241,9 @@ impl ColumnBlocks {
             data: Vec::new(),
         };
         let slabs = m.slabs();
-        m.data = vec![0u8; (0..slabs).map(|s| m.slab(s).1.block * m.blocks()).sum()];
+        // Slack: the SIMD kernel reads a 5- or 6-bit unit as 32 bytes, past the last unit's end.
+        let len: usize = (0..slabs).map(|s| m.slab(s).1.block * m.blocks()).sum();
+        m.data = vec![0u8; len + SLACK];
         let f = format(kind);
         let heads: &[usize] = match kind {
             BlockKind::Q6K => &[208],
@@ -328,9 +333,9 @@ impl ColumnBlocks {
         self.pad / UNIT_ROWS
     }
 
-    /// Bytes held.
+    /// Bytes of the layout (held: [`SLACK`] more).
     pub fn bytes(&self) -> usize {
-        self.data.len()
+        self.data.len() - SLACK
     }
 
     /// Bytes a product over `active` reads: its columns, and the planes of the groups and

@@ -1,10 +1,11 @@
 //! The AVX-512 VNNI form of the column-block product ([`super::ColumnBlocksFn`]).
 //!
 //! Rows go in passes over one slab each. In a pass, a group's kept channels are taken four at a
-//! time: per 32 rows, the four channels' 16-byte units are loaded into one vector and one
-//! `vpermb` interleaves them into 16 rows x 4 channels of nibbles (the fifth and sixth bits are
-//! spread into byte masks with `pdep`), so one `vpdpbusd` per 16 rows adds the four products
-//! into the group's integer sums (an `i32` array on the stack). Up to 8 channels (Q6_K 16)
+//! time: per 32 rows, the four channels' units are loaded into vectors and a byte permute
+//! (`vpermb`, or `vpermt2b` over two channels per vector) interleaves them into 16 rows x 4
+//! channels of nibbles (4-bit units two at a time, one 32-byte load per channel; the fifth and
+//! sixth bits become byte masks with `vpshufbitqmb`), so one `vpdpbusd` per 16 rows adds the
+//! four products into the group's integer sums (per thread, reused). Up to 8 channels (Q6_K 16)
 //! share one load and store of the sums. After a group the sums are scaled into the K-quants'
 //! per-block integer sums, after a block into the outputs, in the dense kernel's order. The kept channels
 //! form one stream with jumps, so the kernel asks for the bytes [`AHEAD`] further along that
@@ -45,18 +46,18 @@ const fn pass_channels(bits: u32) -> usize {
 /// kernel's 16 KiB along its records.
 const AHEAD: usize = 16 * 1024;
 
-/// Whether this CPU has what the kernel needs besides AVX-512 VNNI: VBMI (`vpermb`), BMI2
-/// (`pdep`), F16C and FMA.
+/// Whether this CPU has what the kernel needs besides AVX-512 VNNI: VBMI (`vpermb`), BITALG
+/// (`vpshufbitqmb`), F16C and FMA.
 pub(crate) fn supported() -> bool {
     is_x86_feature_detected!("avx512vbmi")
-        && is_x86_feature_detected!("bmi2")
+        && is_x86_feature_detected!("avx512bitalg")
         && is_x86_feature_detected!("f16c")
         && is_x86_feature_detected!("fma")
 }
 
 /// # Safety
 /// The CPU must have AVX-512F/BW/VL/VNNI and what [`supported`] checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma")]
 pub(crate) unsafe fn product_vnni(
     m: &ColumnBlocks,
     units: Range<usize>,
@@ -193,14 +194,55 @@ const INTERLEAVE: [u8; 64] = {
     t
 };
 
-/// Bits `4 l` of a 64-bit mask (shifted by `c` for channel `c`).
-const SPREAD: u64 = 0x1111_1111_1111_1111;
+/// `vpermt2b` indices gathering the high-bit bytes of four 5- or 6-bit units (channel `c`'s
+/// at bytes `32 c..32 c + 32` of two vectors as [`two`] loads them) for rows 0-15
+/// (`HIGH[0]`) and 16-31: lane `i` (rows `16 h + 2 i` and the next) holds byte `2 h + i / 4`
+/// of each channel's fifth-bit word (bytes 0-3) and sixth-bit word (bytes 4-7; for 5-bit
+/// values whatever follows the unit, never picked).
+const HIGH: [[u8; 64]; 2] = {
+    let mut t = [[0u8; 64]; 2];
+    let mut h = 0;
+    while h < 2 {
+        let mut i = 0;
+        while i < 8 {
+            let mut j = 0;
+            while j < 8 {
+                let (c, word) = (j % 4, j / 4);
+                t[h][8 * i + j] = (32 * c + 16 + 4 * word + 2 * h + i / 4) as u8;
+                j += 1;
+            }
+            i += 1;
+        }
+        h += 1;
+    }
+    t
+};
+
+/// `vpshufbitqmb` bit indices over a lane of [`HIGH`]'s: byte `j` of lane `i` (mask bit
+/// `4 l + c` for row `l = 2 i + j / 4` of the half, channel `c = j % 4`) picks bit `l % 8` of
+/// channel `c`'s byte of the plane's word (`PICK[0]`: fifth bits, `PICK[1]`: sixth).
+const PICK: [[u8; 64]; 2] = {
+    let mut t = [[0u8; 64]; 2];
+    let mut plane = 0;
+    while plane < 2 {
+        let mut k = 0;
+        while k < 64 {
+            let (i, j) = (k / 8, k % 8);
+            let (l, c) = (2 * i + j / 4, j % 4);
+            t[plane][k] = (8 * (4 * plane + c) + l % 8) as u8;
+            k += 1;
+        }
+        plane += 1;
+    }
+    t
+};
 
 /// The values of rows 0-15 and 16-31 of four channels' units at `p`, as unsigned bytes in
 /// `vpdpbusd` order (lane `4 l + c`: row `l`, channel `c`).
 #[inline(always)]
 unsafe fn gather<const BITS: u32>(p: [*const u8; 4], idx: __m512i) -> (__m512i, __m512i) {
-    // SAFETY: the caller passes four whole units.
+    // SAFETY: the caller passes four whole units, and for 5 and 6 bits 32 readable bytes at
+    // each (the column data ends in slack).
     unsafe {
         let four = |off: usize| {
             let v = _mm512_castsi128_si512(_mm_loadu_si128(p[0].add(off).cast()));
@@ -212,20 +254,31 @@ unsafe fn gather<const BITS: u32>(p: [*const u8; 4], idx: __m512i) -> (__m512i, 
         if BITS == 8 {
             return (four(0), four(16));
         }
-        let v = four(0);
+        if BITS == 4 {
+            let v = four(0);
+            let low = _mm512_set1_epi8(0x0F);
+            return (
+                _mm512_and_si512(v, low),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
+            );
+        }
+        // 5 and 6 bits: a unit (20 or 24 bytes) and what follows it, 32 bytes per channel, two
+        // channels per vector. One two-source permute interleaves the nibbles; per half of the
+        // rows, another puts the high-bit bytes each group of 2 rows needs into one 64-bit lane
+        // (bytes 0-3: the fifth bits of channels 0-3, bytes 4-7: the sixth bits), and
+        // `vpshufbitqmb` picks each lane's bit into a byte mask.
+        let (v01, v23) = (two(p[0], p[1]), two(p[2], p[3]));
+        let nib = _mm512_permutex2var_epi8(v01, _mm512_loadu_si512(PAIRS[0].as_ptr().cast()), v23);
         let low = _mm512_set1_epi8(0x0F);
-        let mut lo = _mm512_and_si512(v, low);
-        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+        let mut lo = _mm512_and_si512(nib, low);
+        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(nib), low);
+        let hl = _mm512_permutex2var_epi8(v01, _mm512_loadu_si512(HIGH[0].as_ptr().cast()), v23);
+        let hh = _mm512_permutex2var_epi8(v01, _mm512_loadu_si512(HIGH[1].as_ptr().cast()), v23);
         for plane in 0..BITS as usize - 4 {
-            let (mut mlo, mut mhi) = (0u64, 0u64);
-            for (c, p) in p.iter().enumerate() {
-                let w = p.add(16 + 4 * plane).cast::<u32>().read_unaligned() as u64;
-                mlo |= _pdep_u64(w & 0xFFFF, SPREAD << c);
-                mhi |= _pdep_u64(w >> 16, SPREAD << c);
-            }
+            let pick = _mm512_loadu_si512(PICK[plane].as_ptr().cast());
             let b = _mm512_set1_epi8(0x10 << plane);
-            lo = _mm512_mask_add_epi8(lo, mlo, lo, b);
-            hi = _mm512_mask_add_epi8(hi, mhi, hi, b);
+            lo = _mm512_mask_add_epi8(lo, _mm512_bitshuffle_epi64_mask(hl, pick), lo, b);
+            hi = _mm512_mask_add_epi8(hi, _mm512_bitshuffle_epi64_mask(hh, pick), hi, b);
         }
         (lo, hi)
     }
@@ -525,7 +578,7 @@ thread_local! {
 ///
 /// # Safety
 /// The CPU must have AVX-512F/BW/VL/VNNI and what [`supported`] checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma")]
 pub(crate) unsafe fn product_rows_vnni(
     m: &ColumnBlocks,
     units: Range<usize>,
@@ -595,7 +648,7 @@ struct Tile<'a> {
 impl Tile<'_> {
     /// # Safety
     /// As [`product_rows_vnni`], the tile inside the matrix, one slab and `out`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma")]
     unsafe fn run<const BITS: u32>(&self, s: &mut Sums, out: &mut [f32]) {
         let (kind, o, plan, data) = (self.kind, &self.o, self.plan, self.data);
         let f = format(kind);
@@ -934,7 +987,7 @@ unsafe fn neg(v: __m512) -> __m512 {
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma")]
 unsafe fn vnni<const BITS: u32>(
     m: &ColumnBlocks,
     units: Range<usize>,
@@ -962,7 +1015,7 @@ thread_local! {
 
 /// [`vnni`] with its sums (`SLAB_ROWS` values each).
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,f16c,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma")]
 unsafe fn slabs<const BITS: u32>(
     m: &ColumnBlocks,
     units: Range<usize>,
