@@ -274,8 +274,8 @@ unsafe fn gather<const BITS: u32>(p: [*const u8; 4], idx: __m512i) -> (__m512i, 
         let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(nib), low);
         let hl = _mm512_permutex2var_epi8(v01, _mm512_loadu_si512(HIGH[0].as_ptr().cast()), v23);
         let hh = _mm512_permutex2var_epi8(v01, _mm512_loadu_si512(HIGH[1].as_ptr().cast()), v23);
-        for plane in 0..BITS as usize - 4 {
-            let pick = _mm512_loadu_si512(PICK[plane].as_ptr().cast());
+        for (plane, pick) in PICK.iter().enumerate().take(BITS as usize - 4) {
+            let pick = _mm512_loadu_si512(pick.as_ptr().cast());
             let b = _mm512_set1_epi8(0x10 << plane);
             lo = _mm512_mask_add_epi8(lo, _mm512_bitshuffle_epi64_mask(hl, pick), lo, b);
             hi = _mm512_mask_add_epi8(hi, _mm512_bitshuffle_epi64_mask(hh, pick), hi, b);
@@ -648,7 +648,9 @@ struct Tile<'a> {
 impl Tile<'_> {
     /// # Safety
     /// As [`product_rows_vnni`], the tile inside the matrix, one slab and `out`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma")]
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma"
+    )]
     unsafe fn run<const BITS: u32>(&self, s: &mut Sums, out: &mut [f32]) {
         let (kind, o, plan, data) = (self.kind, &self.o, self.plan, self.data);
         let f = format(kind);
@@ -1087,17 +1089,7 @@ unsafe fn slabs<const BITS: u32>(
                     // SAFETY: a group's planes hold a byte per row of the slab, rows
                     // `row0..row0 + n` inside; the arrays hold `n` values.
                     unsafe {
-                        fold_group(
-                            kind,
-                            data,
-                            planes,
-                            x,
-                            g,
-                            gi == 0,
-                            &isum[..n],
-                            sumi,
-                            summ,
-                        )
+                        fold_group(kind, data, planes, x, g, gi == 0, &isum[..n], sumi, summ)
                     };
                 }
             }
