@@ -34,6 +34,8 @@ struct Row {
     ffn_bytes_skipped: Option<f64>,
     /// The same for the attention projections (`input` on GGUF files).
     attention_bytes_skipped: Option<f64>,
+    /// The rule and its setting (`input`).
+    rule: Option<String>,
 }
 
 impl Row {
@@ -50,6 +52,7 @@ impl Row {
             sparsity: None,
             ffn_bytes_skipped: None,
             attention_bytes_skipped: None,
+            rule: None,
         }
     }
 }
@@ -172,6 +175,7 @@ fn measure(
         sparsity: None,
         ffn_bytes_skipped: (mode == "dense" || mode == "all").then_some(0.0),
         attention_bytes_skipped: (mode == "dense" || mode == "all").then_some(0.0),
+        rule: None,
     })
 }
 
@@ -496,11 +500,9 @@ fn measure_input(
     prompt: &[u32],
     a: &BenchArgs,
 ) -> Result<Row> {
-    let mut m =
-        crate::input::load_input(path, settings.threads, settings.attention_sparsity > 0.0)?;
-    let rule = crate::input::rule_for(&mut m, path, settings)?;
-    m.model.apply_input_rule(&rule)?;
+    let crate::input::SparseModel { mut m, label, .. } = crate::input::load_rule(path, settings)?;
     let mut row = measure(&mut m.model, prompt, a.decode_tokens, a.runs, "input")?;
+    row.rule = Some(label);
     m.model.clear_kv_cache();
     let mut next = argmax(m.model.forward_logits(prompt, 0)?);
     m.model.take_ffn_traffic();
@@ -617,7 +619,7 @@ fn print_table(
                 }),
                 "bytes_per_token": r.bytes, "floor_ms": floor, "read_bandwidth_gbs": bw,
                 "realized_sparsity": r.sparsity, "ffn_bytes_skipped": r.ffn_bytes_skipped,
-                "attention_bytes_skipped": r.attention_bytes_skipped,
+                "attention_bytes_skipped": r.attention_bytes_skipped, "rule": r.rule,
             })
         );
     }
@@ -627,7 +629,8 @@ fn print_table(
     }
     if let Some(r) = find("input") {
         println!(
-            "input: {:.1}% of the FFN weight bytes and {:.1}% of the attention projections' skipped per decoded token",
+            "input ({}): {:.1}% of the FFN weight bytes and {:.1}% of the attention projections' skipped per decoded token",
+            r.rule.as_deref().unwrap_or("?"),
             r.ffn_bytes_skipped.unwrap_or(0.0) * 100.0,
             r.attention_bytes_skipped.unwrap_or(0.0) * 100.0
         );

@@ -20,8 +20,11 @@ use crate::ModelArgs;
 pub struct SparseSettings {
     /// Storage of the neuron-major weights (`None`: as the file stores them).
     pub storage: Option<WeightDType>,
-    /// Target sparsity (used when `threshold` is `None`).
+    /// Target sparsity of exact |h| thresholding (used when `threshold` is `None`).
     pub sparsity: f64,
+    /// Whether `--sparsity` or `--threshold` asked for exact |h| thresholding as the sparse
+    /// mode, instead of the default input rule.
+    pub h_rule: bool,
     /// A fixed threshold for every layer.
     pub threshold: Option<f32>,
     /// Calibration tokens.
@@ -42,8 +45,9 @@ impl SparseSettings {
     /// Checks the raw flags.
     pub fn from_args(a: &ModelArgs) -> Result<Self> {
         let storage = a.storage.0;
-        if !(0.0..1.0).contains(&a.sparsity) {
-            bail!("--sparsity {}: expected a value in [0, 1)", a.sparsity);
+        let sparsity = a.sparsity.unwrap_or(0.5);
+        if !(0.0..1.0).contains(&sparsity) {
+            bail!("--sparsity {sparsity}: expected a value in [0, 1)");
         }
         if let Some(t) = a.threshold {
             if !t.is_finite() || t < 0.0 {
@@ -68,7 +72,8 @@ impl SparseSettings {
         };
         Ok(SparseSettings {
             storage,
-            sparsity: a.sparsity,
+            sparsity,
+            h_rule: a.sparsity.is_some() || a.threshold.is_some(),
             threshold: a.threshold,
             calibration_tokens: a.calibration_tokens,
             threads,

@@ -3,9 +3,7 @@
 use anyhow::Result;
 use powerinfer_candle::{FfnMode, GenerateOptions, Generation};
 
-use crate::common::{
-    chatml, load, load_sparse, mean_sparsity, model_path, stream, Loaded, SparseSettings,
-};
+use crate::common::{chatml, load, model_path, stream, Loaded, SparseSettings};
 use crate::DemoArgs;
 
 fn run_one(m: &mut Loaded, prompt: &[u32], max_tokens: usize, label: &str) -> Result<Generation> {
@@ -27,69 +25,18 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     let d = run_one(&mut dense, &prompt, a.max_tokens, "dense FFN (candle)")?;
     drop(dense);
 
-    // The input-sparse FFN with the calibrated rule (the artifact's, or calibrated now); files
-    // whose FFN blocks have no column layout fall back to exact |h| thresholding.
-    let (s, label, realized) = match crate::input::load_input(
-        &path,
-        settings.threads,
-        settings.attention_sparsity > 0.0,
-    ) {
-        Ok(mut m) => {
-            let rule = crate::input::rule_for(&mut m, &path, &settings)?;
-            m.model.apply_input_rule(&rule)?;
-            let attention = match (&rule.attention, m.model.input_sparse_attention()) {
-                (Some(a), true) => format!(", attention {:.0}%", a.fraction * 100.0),
-                _ => String::new(),
-            };
-            let label = format!(
-                "{} rule at {:.0}% target (gate/up/down {:.0}/{:.0}/{:.0}% of entries{attention})",
-                rule.score,
-                rule.target * 100.0,
-                rule.allocation[0] * 100.0,
-                rule.allocation[1] * 100.0,
-                rule.allocation[2] * 100.0
-            );
-            let s = run_one(
-                &mut m,
-                &prompt,
-                a.max_tokens,
-                &format!("input-sparse FFN (powerinfer, {label})"),
-            )?;
-            let skipped = m.model.take_ffn_traffic().skipped();
-            let attention = m.model.take_attention_traffic();
-            let attention = if attention.rows > 0 {
-                format!(", {:.1}% of the attention's", attention.skipped() * 100.0)
-            } else {
-                String::new()
-            };
-            (
-                s,
-                label,
-                format!(
-                    "{:.1}% of the FFN weight bytes skipped{attention}",
-                    skipped * 100.0
-                ),
-            )
-        }
-        Err(e) => {
-            eprintln!("no input-sparse FFN for this file ({e:#}); exact |h| thresholding instead");
-            let mut sp = load_sparse(&path, &settings)?;
-            let label = sp.label.clone();
-            sp.m.model.enable_ffn_stats();
-            let s = run_one(
-                &mut sp.m,
-                &prompt,
-                a.max_tokens,
-                &format!("sparse FFN (powerinfer, {label})"),
-            )?;
-            let realized = mean_sparsity(&mut sp.m.model);
-            (
-                s,
-                label,
-                format!("realized FFN sparsity {:.1}%", realized * 100.0),
-            )
-        }
+    let mut sm = crate::input::load_default_sparse(&path, &settings)?;
+    let kind = match sm.input {
+        true => "input-sparse FFN",
+        false => "sparse FFN",
     };
+    let s = run_one(
+        &mut sm.m,
+        &prompt,
+        a.max_tokens,
+        &format!("{kind} (powerinfer, {})", sm.label),
+    )?;
+    let (label, (_, realized)) = (sm.label.clone(), sm.take_skipped());
 
     let same = d
         .tokens

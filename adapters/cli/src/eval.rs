@@ -34,6 +34,38 @@ fn sparse_run(
     Ok((ppl, per_layer))
 }
 
+/// The default sparse mode (what `demo`, `generate --sparse` and `bench`'s `input` row run):
+/// its perplexity on `text` against `ppl_dense`, and what it skipped.
+fn default_run(
+    path: &std::path::Path,
+    settings: &SparseSettings,
+    text: &[u32],
+    ctx: usize,
+    scoring: Scoring,
+    ppl_dense: f64,
+) -> Result<()> {
+    let mut sm = crate::input::load_default_sparse(path, settings)?;
+    sm.take_skipped();
+    let pb = spinner(format!("perplexity: {}", sm.label));
+    let ppl = scoring.perplexity(&mut sm.m.model, text, ctx)?;
+    pb.finish_and_clear();
+    let (share, skipped) = sm.take_skipped();
+    println!(
+        "sparse perplexity {ppl:.3} ({:+.2}%), {skipped} ({})",
+        (ppl / ppl_dense - 1.0) * 100.0,
+        sm.label
+    );
+    println!(
+        "{}",
+        json!({
+            "tokens": text.len(), "ctx": ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl,
+            "mode": if sm.input { "input" } else { "h" }, "rule": sm.label,
+            "skipped": share,
+        })
+    );
+    Ok(())
+}
+
 pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     if a.ctx < 2 || a.tokens < 2 {
         bail!("--ctx and --tokens must be at least 2");
@@ -88,6 +120,9 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     if let Some(rules) = &a.input_rules {
         return input_sweep(a, &path, &settings, rules, &text, ppl_dense, scoring);
     }
+    if settings.artifact.is_none() && !settings.h_rule {
+        return default_run(&path, &settings, &text, a.ctx, scoring, ppl_dense);
+    }
     let mut sp = load_sparse(&path, &settings)?;
     if sp.artifact.is_none() {
         let (ppl, per_layer) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
@@ -105,7 +140,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
             "{}",
             json!({
                 "tokens": text.len(), "ctx": a.ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl,
-                "target_sparsity": settings.threshold.is_none().then_some(settings.sparsity),
+                "mode": "h", "target_sparsity": settings.threshold.is_none().then_some(settings.sparsity),
                 "sparsity_per_layer": per_layer, "thresholds": sp.thresholds,
             })
         );

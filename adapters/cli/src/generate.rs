@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::{bail, Result};
 use powerinfer_candle::GenerateOptions;
 
-use crate::common::{chatml, load_dense, load_sparse, model_path, stream, SparseSettings};
+use crate::common::{chatml, load_dense, model_path, stream, SparseSettings};
 use crate::GenerateArgs;
 
 pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
@@ -20,10 +20,11 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
     }
     let settings = SparseSettings::from_args(&a.model)?;
     let path = model_path(&a.model.model)?;
-    let mut m = if a.sparse {
-        load_sparse(&path, &settings)?.m
+    let (mut m, label) = if a.sparse {
+        let sm = crate::input::load_default_sparse(&path, &settings)?;
+        (sm.m, format!("sparse: {}", sm.label))
     } else {
-        load_dense(&path, settings.threads)?
+        (load_dense(&path, settings.threads)?, String::new())
     };
     let text = if a.chat {
         chatml(&a.prompt)
@@ -52,7 +53,7 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
         g.tokens.len(),
         g.decode_tps(),
         match (a.sparse, m.model.is_fused()) {
-            (true, _) => "sparse FFN",
+            (true, _) => &label,
             (false, true) => "dense, fused decoder",
             (false, false) => "dense, candle's model",
         }

@@ -9,7 +9,7 @@ use powerinfer::{
 };
 use powerinfer_candle::{FfnMode, InputRuleOptions};
 
-use crate::common::{corpus_tokens, load, spinner, Loaded};
+use crate::common::{corpus_tokens, load, load_sparse, mean_sparsity, spinner, Loaded};
 
 /// Loads `path` for the input rule: the input-sparse FFN, and with `attention` (GGUF files only)
 /// the attention projections on input-sparse columns.
@@ -372,6 +372,106 @@ pub(crate) fn rule_for(
         ..Default::default()
     };
     Ok(m.model.calibrate_input_rule(&calib, 512, &opts)?)
+}
+
+/// A sparse model as `demo`, `generate --sparse` and `eval` run it, and what names it.
+pub(crate) struct SparseModel {
+    pub m: Loaded,
+    /// The mode and its setting, for output.
+    pub label: String,
+    /// The input rule (else exact |h| thresholding).
+    pub input: bool,
+}
+
+impl SparseModel {
+    /// What the calls since the last one skipped, as a share and in words: the input rule's
+    /// share of FFN weight bytes not read (and the attention projections' where they are
+    /// input-sparse), or |h| thresholding's realized FFN sparsity.
+    pub(crate) fn take_skipped(&mut self) -> (f64, String) {
+        let model = &mut self.m.model;
+        if !self.input {
+            let s = mean_sparsity(model);
+            return (s, format!("realized FFN sparsity {:.1}%", s * 100.0));
+        }
+        let ffn = model.take_ffn_traffic().skipped();
+        let attention = model.take_attention_traffic();
+        let attention = match attention.rows {
+            0 => String::new(),
+            _ => format!(", {:.1}% of the attention's", attention.skipped() * 100.0),
+        };
+        let words = format!(
+            "{:.1}% of the FFN weight bytes skipped{attention}",
+            ffn * 100.0
+        );
+        (ffn, words)
+    }
+}
+
+/// How `rule` reads in output: score, target and per-matrix allocation (and the attention
+/// fraction where `attention` runs).
+pub(crate) fn rule_label(rule: &InputRuleMeta, attention: bool) -> String {
+    let attention = match (&rule.attention, attention) {
+        (Some(a), true) => format!(", attention {:.0}%", a.fraction * 100.0),
+        _ => String::new(),
+    };
+    format!(
+        "{} rule at {:.0}% target (gate/up/down {:.0}/{:.0}/{:.0}% of entries{attention})",
+        rule.score,
+        rule.target * 100.0,
+        rule.allocation[0] * 100.0,
+        rule.allocation[1] * 100.0,
+        rule.allocation[2] * 100.0
+    )
+}
+
+/// The input-sparse FFN with the rule [`rule_for`] gives, applied; and its label.
+pub(crate) fn load_rule(
+    path: &std::path::Path,
+    settings: &crate::common::SparseSettings,
+) -> Result<SparseModel> {
+    let m = load_input(path, settings.threads, settings.attention_sparsity > 0.0)?;
+    with_rule(m, path, settings)
+}
+
+/// `m` (loaded by [`load_input`]) with the rule [`rule_for`] gives.
+fn with_rule(
+    mut m: Loaded,
+    path: &std::path::Path,
+    settings: &crate::common::SparseSettings,
+) -> Result<SparseModel> {
+    let rule = rule_for(&mut m, path, settings)?;
+    m.model.apply_input_rule(&rule)?;
+    let label = rule_label(&rule, m.model.input_sparse_attention());
+    Ok(SparseModel {
+        m,
+        label,
+        input: true,
+    })
+}
+
+/// The one default sparse mode of `demo`, `generate --sparse` and `eval` (and `bench`'s `input`
+/// row): the input rule, the artifact's or calibrated now. `--sparsity` or `--threshold` ask for
+/// exact |h| thresholding instead, and a file whose FFN has no input-sparse form (safetensors
+/// directories) falls back to it, saying so.
+pub(crate) fn load_default_sparse(
+    path: &std::path::Path,
+    settings: &crate::common::SparseSettings,
+) -> Result<SparseModel> {
+    if !settings.h_rule {
+        match load_input(path, settings.threads, settings.attention_sparsity > 0.0) {
+            Ok(m) => return with_rule(m, path, settings),
+            Err(e) => eprintln!(
+                "no input-sparse FFN for this file ({e:#}); exact |h| thresholding instead"
+            ),
+        }
+    }
+    let mut sp = load_sparse(path, settings)?;
+    sp.m.model.enable_ffn_stats();
+    Ok(SparseModel {
+        m: sp.m,
+        label: sp.label,
+        input: false,
+    })
 }
 
 #[cfg(test)]

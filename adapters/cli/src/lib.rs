@@ -45,8 +45,9 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Prompt and decode tokens/s, dense and sparse in the same run, with per-component times.
     Bench(BenchArgs),
-    /// Perplexity on held-out text (State of the Union 2000-2021), dense and sparse, with the
-    /// realized FFN sparsity per layer.
+    /// Perplexity on held-out text (State of the Union 2000-2021), dense and the default sparse
+    /// mode (the input rule; exact |h| thresholding with --sparsity/--threshold, per layer), with
+    /// what the sparse mode skipped.
     Eval(EvalArgs),
     /// Profile the dense model on calibration text, train one low-rank predictor per layer,
     /// plan the hot/cold placement under a byte budget, and write the `.powerinfer` artifact
@@ -120,11 +121,13 @@ pub struct ModelArgs {
     /// qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma3-270m.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Target FFN sparsity of the sparse mode: per-layer thresholds on |h| calibrated on speeches
-    /// up to 1999 (exact thresholding with `GateFirst`).
-    #[arg(long, default_value_t = 0.5)]
-    pub sparsity: f64,
-    /// Use this one |h| threshold in every layer instead of calibrating.
+    /// Run exact |h| thresholding as the sparse mode of `demo`, `generate --sparse` and `eval`
+    /// (and `bench`'s `sparse` row) at this target FFN sparsity: per-layer thresholds on |h|
+    /// calibrated on speeches up to 1999 (`GateFirst`). Without it (or `--threshold`) their
+    /// sparse mode is the default input rule [default for `bench`'s `sparse` row: 0.5].
+    #[arg(long)]
+    pub sparsity: Option<f64>,
+    /// Exact |h| thresholding (as `--sparsity`) with this one threshold in every layer.
     #[arg(long)]
     pub threshold: Option<f32>,
     /// Calibration tokens for the thresholds.

@@ -143,6 +143,50 @@ fn eval_input_rules_with_attention() {
     );
 }
 
+/// One default sparse mode: `eval` and `generate --sparse` run the input rule `demo` and
+/// `bench`'s `input` row run, unless `--sparsity` or `--threshold` ask for exact |h|
+/// thresholding.
+#[test]
+fn eval_and_generate_default_to_the_input_rule() {
+    let small = [
+        "--tokens",
+        "128",
+        "--ctx",
+        "64",
+        "--calibration-tokens",
+        "512",
+    ];
+    let json = |out: &str| -> serde_json::Value {
+        let line = out.lines().rev().find(|l| l.starts_with('{'));
+        serde_json::from_str(line.expect("a JSON line")).unwrap()
+    };
+    let (ok, out, err) = powerinfer(&[&["eval"][..], &small].concat());
+    assert!(ok, "{err}");
+    let j = json(&out);
+    assert_eq!(j["mode"], "input", "{out}");
+    assert!(j["rule"].as_str().unwrap().contains("rule at"), "{out}");
+    let skipped = j["skipped"].as_f64().unwrap();
+    assert!(skipped > 0.05 && skipped < 0.6, "{out}");
+    assert!(j["ppl_sparse"].as_f64().unwrap() >= j["ppl_dense"].as_f64().unwrap() * 0.9);
+
+    let (ok, out, err) = powerinfer(&[&["eval", "--threshold", "0.05"][..], &small].concat());
+    assert!(ok, "{err}");
+    assert_eq!(json(&out)["mode"], "h", "{out}");
+
+    let (ok, _, err) = powerinfer(&[
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "4",
+        "--sparse",
+        "--calibration-tokens",
+        "512",
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("sparse: ") && err.contains("rule at"), "{err}");
+}
+
 #[test]
 fn prompt_longer_than_context() {
     let long = "word ".repeat(9000);
