@@ -745,6 +745,11 @@ impl Tile<'_> {
         let w = plan.words[self.rows.start * quads + q..].as_ptr();
         // SAFETY: a constant table of 64 bytes.
         let idx = unsafe { _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()) };
+        // The rows' input-side factors of the end, once per group rather than per unit.
+        let mut fac = [RowFactors::default(); ROW_CHUNK];
+        for (fac, x) in fac.iter_mut().zip(rows) {
+            *fac = RowFactors::of(kind, f, end, x);
+        }
         for k in 0..self.units.len() {
             let l0 = UNIT_ROWS * k;
             // SAFETY: each quad's runs hold the tile's units from `base`; `w` holds `all`
@@ -767,7 +772,7 @@ impl Tile<'_> {
                     *g = gather::<BITS>(p, idx);
                 }
                 let ends = Ends::load(kind, data, end, l0);
-                for (r, x) in rows.iter().enumerate() {
+                for (r, fac) in fac.iter().enumerate().take(rows.len()) {
                     let (mut a0, mut a1) = (z, z);
                     let w = w.add(r * quads);
                     for (j, &(lo, hi)) in g.iter().enumerate() {
@@ -775,7 +780,7 @@ impl Tile<'_> {
                         a0 = _mm512_dpbusd_epi32(a0, lo, xv);
                         a1 = _mm512_dpbusd_epi32(a1, hi, xv);
                     }
-                    ends.apply(kind, f, end, x, [a0, a1], s, r, l0);
+                    ends.apply(kind, end, fac, [a0, a1], s, r, l0);
                 }
             }
         }
@@ -861,6 +866,33 @@ enum End {
     },
 }
 
+/// One input row's factors of an [`End`]: a 32-weight block's `d` and `s` and the offset's
+/// `offset * sum(x)`; Q6_K's group offset `32 * bsum`; 0 otherwise.
+#[derive(Clone, Copy, Default)]
+struct RowFactors {
+    d: f32,
+    s: f32,
+    off: i32,
+}
+
+impl RowFactors {
+    #[inline(always)]
+    fn of(kind: BlockKind, f: Format, end: End, x: &QuantizedRow) -> Self {
+        match end {
+            End::Block { b, .. } => RowFactors {
+                d: x.d[b],
+                s: x.s[b],
+                off: f.offset * x.sum[b],
+            },
+            End::Group { g, .. } if kind == BlockKind::Q6K => RowFactors {
+                off: 32 * x.k.bsum[g] as i32,
+                ..Default::default()
+            },
+            End::Group { .. } => RowFactors::default(),
+        }
+    }
+}
+
 /// One unit's weight-side factors of an [`End`], shared by the rows: a block's f16 planes as
 /// floats, or a group's byte planes as `i32`.
 struct Ends {
@@ -888,12 +920,12 @@ impl Ends {
                     }
                 }
                 End::Group { planes, .. } => {
-                    let byte =
-                        |at: usize, i: usize| _mm_loadu_si128(data.add(at + l0 + 16 * i).cast());
                     for i in 0..2 {
+                        // No closure: its intrinsics would not inline.
+                        let bytes = _mm_loadu_si128(data.add(planes[0] + l0 + 16 * i).cast());
                         e.b[i] = match kind {
-                            BlockKind::Q6K => _mm512_cvtepi8_epi32(byte(planes[0], i)),
-                            _ => _mm512_cvtepu8_epi32(byte(planes[0], i)),
+                            BlockKind::Q6K => _mm512_cvtepi8_epi32(bytes),
+                            _ => _mm512_cvtepu8_epi32(bytes),
                         };
                     }
                 }
@@ -909,9 +941,8 @@ impl Ends {
     unsafe fn apply(
         &self,
         kind: BlockKind,
-        f: Format,
         end: End,
-        x: &QuantizedRow,
+        fac: &RowFactors,
         a: [__m512i; 2],
         s: &mut Sums,
         r: usize,
@@ -920,10 +951,10 @@ impl Ends {
         // SAFETY: the sums hold `l0 + 32` values per row; register-only AVX-512 otherwise.
         unsafe {
             match end {
-                End::Block { b, .. } => {
-                    let dx = _mm512_set1_ps(x.d[b]);
-                    let off = _mm512_set1_epi32(f.offset * x.sum[b]);
-                    let sx = _mm512_set1_ps(x.s[b]);
+                End::Block { .. } => {
+                    let dx = _mm512_set1_ps(fac.d);
+                    let off = _mm512_set1_epi32(fac.off);
+                    let sx = _mm512_set1_ps(fac.s);
                     for (i, &a) in a.iter().enumerate() {
                         let p = s.acc[r].as_mut_ptr().add(l0 + 16 * i);
                         let v = _mm512_loadu_ps(p);
@@ -942,13 +973,10 @@ impl Ends {
                         _mm512_storeu_ps(p, v);
                     }
                 }
-                End::Group { g, first, .. } => {
+                End::Group { first, .. } => {
                     // Q6_K: `sc (isum - 32 bsum)`; Q4_K/Q5_K: `sc isum` (their minimums' sums
                     // come per block, [`minimum_sums`]).
-                    let off = match kind {
-                        BlockKind::Q6K => _mm512_set1_epi32(32 * x.k.bsum[g] as i32),
-                        _ => _mm512_setzero_si512(),
-                    };
+                    let off = _mm512_set1_epi32(fac.off);
                     for (i, &a) in a.iter().enumerate() {
                         let si = _mm512_mullo_epi32(self.b[i], _mm512_sub_epi32(a, off));
                         let pi = s.sumi[r].as_mut_ptr().add(l0 + 16 * i);
