@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and tests the `cuda` feature, on any machine: without a GPU the GPU tests print one
 # `skipped ...: no CUDA device` line each and pass, and the CLI falls back to the CPU with one
-# message. Part of the README's test command (and so of CI).
+# message. With POWERINFER_REQUIRE_GPU=1 a missing GPU or driver fails instead. Part of the
+# README's test command (and so of CI).
 #
 #   scripts/cuda-test.sh
 #
@@ -23,6 +24,9 @@ out="$("$CARGO_TARGET_DIR/release/powerinfer" bench --modes sparse --threshold 0
   --prompt-tokens 8 --decode-tokens 2 --runs 1 --vram-budget 25% 2>&1)"
 if nvidia-smi >/dev/null 2>&1; then
   grep -q 'tier 25% (cuda:0): budget' <<<"$out" || { echo "$out"; exit 1; }
+elif [[ "${POWERINFER_REQUIRE_GPU:-}" == 1 ]]; then
+  echo "cuda-test: POWERINFER_REQUIRE_GPU=1 and no GPU (nvidia-smi failed)" >&2
+  exit 1
 else
   grep -qF 'on the CPU: fast tier `cuda:0`: no CUDA device' <<<"$out" || { echo "$out"; exit 1; }
   echo "cuda-test: no GPU here: the CUDA tests were skipped and the CLI fell back to the CPU"

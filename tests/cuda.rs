@@ -1,6 +1,8 @@
 //! The CUDA tier against the CPU tier (feature `cuda`). On a machine without a GPU (or driver)
-//! every test prints one `skipped:` line and passes; the host-side parts (device layouts,
-//! budgets) are unit tests in `src/cuda`.
+//! every test prints one `skipped:` line and passes, unless `POWERINFER_REQUIRE_GPU=1` is set:
+//! then a missing device fails it (`scripts/gpu-check.sh` sets it, so a broken CUDA setup on
+//! the GPU machine is a failure, not a skip). The host-side parts (device layouts, budgets) are
+//! unit tests in `src/cuda`.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -15,11 +17,15 @@ use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// The device, or `None` after printing why the test is skipped (to stderr itself, past the
-/// test harness's capture, so the line shows in every run).
+/// test harness's capture, so the line shows in every run). Panics instead under
+/// `POWERINFER_REQUIRE_GPU=1`.
 fn device(test: &str) -> Option<candle_core::CudaDevice> {
     use std::io::Write;
     match cuda_device(0) {
         Ok(d) => Some(d),
+        Err(e) if std::env::var_os("POWERINFER_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("{test}: POWERINFER_REQUIRE_GPU=1 and {e}")
+        }
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "skipped {test}: {e}");
             None
