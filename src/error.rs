@@ -234,6 +234,25 @@ impl Error {
     }
 }
 
+impl Error {
+    /// For an error about a whole file ([`ErrorKind::BadMagic`], [`ErrorKind::Truncated`],
+    /// [`ErrorKind::Format`]), what is wrong with it without the file's name, for a caller that
+    /// names the file itself; `None` for the other kinds.
+    pub fn file_problem(&self) -> Option<String> {
+        Some(match &self.kind {
+            ErrorKind::BadMagic { got, .. } => format!(
+                "not a GGUF file: magic {:?} ({got:02x?}), expected \"GGUF\" or \"PWRI\"",
+                String::from_utf8_lossy(got)
+            ),
+            ErrorKind::Truncated {
+                what, needed, len, ..
+            } => format!("truncated: {what} needs {needed} bytes, the file has {len}"),
+            ErrorKind::Format { reason, .. } => reason.clone(),
+            _ => return None,
+        })
+    }
+}
+
 impl From<ErrorKind> for Error {
     fn from(kind: ErrorKind) -> Self {
         Error { kind }
@@ -319,21 +338,12 @@ impl fmt::Display for Error {
                 "the artifact was made for {artifact_model}, not for this model file \
                  (sha256 {model_sha256}); run `powerinfer analyze` on this model"
             ),
-            ErrorKind::BadMagic { file, got } => write!(
-                f,
-                "{file}: not a GGUF file: magic {:?} ({got:02x?}), expected \"GGUF\" or \"PWRI\"",
-                String::from_utf8_lossy(got)
-            ),
-            ErrorKind::Truncated {
-                file,
-                what,
-                needed,
-                len,
-            } => write!(
-                f,
-                "{file}: truncated: {what} needs {needed} bytes, the file has {len}"
-            ),
-            ErrorKind::Format { file, reason } => write!(f, "{file}: {reason}"),
+            ErrorKind::BadMagic { file, .. }
+            | ErrorKind::Truncated { file, .. }
+            | ErrorKind::Format { file, .. } => {
+                let problem = self.file_problem().unwrap_or_default();
+                write!(f, "{file}: {problem}")
+            }
             ErrorKind::TensorType {
                 tensor,
                 got,

@@ -19,11 +19,11 @@ use crate::model::{Ffn, Llama};
 /// Reads a GGUF header whose magic is `GGUF` or `PWRI`; file-level problems (magic, truncation,
 /// malformed header) are this crate's `Format` error naming the file.
 pub(crate) fn read_header(file: &mut File, path: &Path) -> Result<(GgufMagic, gguf_file::Content)> {
-    powerinfer::format::read_gguf(file, &path.display().to_string()).map_err(|e| match e.kind() {
-        powerinfer::ErrorKind::BadMagic { .. }
-        | powerinfer::ErrorKind::Truncated { .. }
-        | powerinfer::ErrorKind::Format { .. } => Error::format(path, e.to_string()),
-        _ => e.into(),
+    powerinfer::format::read_gguf(file, &path.display().to_string()).map_err(|e| {
+        match e.file_problem() {
+            Some(problem) => Error::format(path, problem),
+            None => e.into(),
+        }
     })
 }
 

@@ -30,6 +30,25 @@ fn fails_with(args: &[&str], needle: &str) {
     );
 }
 
+/// `generate` on `model` fails with the one message `error: MODEL: not a valid model file:
+/// PROBLEM...`: the file named once, by one layer.
+fn bad_file(model: &std::path::Path, problem: &str) {
+    let path = model.to_str().unwrap();
+    let (ok, _, err) = powerinfer(&["generate", "--prompt", "hi", "--model", path]);
+    assert!(!ok, "{path} should fail");
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+    let expected = format!("error: {path}: not a valid model file: {problem}");
+    assert!(
+        line.starts_with(&expected),
+        "expected `{expected}...`:\n{err}"
+    );
+    assert_eq!(
+        err.matches(path).count(),
+        1,
+        "{path} named more than once:\n{err}"
+    );
+}
+
 #[test]
 fn bad_flags_and_files() {
     fails_with(&["generate", "--prompt", ""], "--prompt is empty");
@@ -56,27 +75,12 @@ fn bad_flags_and_files() {
     let src = powerinfer_data::smollm2(&mut |_| ()).unwrap();
     let bytes = std::fs::read(&src).unwrap();
     std::fs::write(&trunc, &bytes[..bytes.len() / 3]).unwrap();
-    fails_with(
-        &[
-            "generate",
-            "--prompt",
-            "hi",
-            "--model",
-            trunc.to_str().unwrap(),
-        ],
-        "truncated",
-    );
+    bad_file(&trunc, "truncated: ");
     let notgguf = d.join("notes.gguf");
     std::fs::write(&notgguf, b"hello, not a model").unwrap();
-    fails_with(
-        &[
-            "generate",
-            "--prompt",
-            "hi",
-            "--model",
-            notgguf.to_str().unwrap(),
-        ],
-        "not a valid model file",
+    bad_file(
+        &notgguf,
+        "not a GGUF file: magic \"hell\" ([68, 65, 6c, 6c]), expected \"GGUF\" or \"PWRI\"",
     );
     let cfg = d.join("model");
     std::fs::create_dir_all(&cfg).unwrap();
