@@ -1,10 +1,19 @@
-//! `powerinfer demo`: the main job. Dense and sparse generation on the real model, side by side.
+//! `powerinfer demo`: the main job. Our dense decoder, the default sparse mode and candle's dense
+//! model on the real model, one after another, with their speed and how far they agree.
 
 use anyhow::Result;
 use powerinfer_candle::{FfnMode, GenerateOptions, Generation};
 
-use crate::common::{chatml, load, model_path, stream, Loaded, SparseSettings};
+use crate::common::{chatml, load, load_dense, model_path, stream, Loaded, SparseSettings};
 use crate::DemoArgs;
+
+/// One mode's run, for the summary.
+struct Run {
+    name: &'static str,
+    generation: Generation,
+    /// What it skipped, in words.
+    skipped: String,
+}
 
 fn run_one(m: &mut Loaded, prompt: &[u32], max_tokens: usize, label: &str) -> Result<Generation> {
     let opts = GenerateOptions {
@@ -16,56 +25,79 @@ fn run_one(m: &mut Loaded, prompt: &[u32], max_tokens: usize, label: &str) -> Re
     stream(m, prompt, &opts)
 }
 
+/// `(equal, first identical)` generated tokens of `a` and `b`.
+fn agreement(a: &[u32], b: &[u32]) -> (usize, usize) {
+    let equal = a.iter().zip(b).filter(|(x, y)| x == y).count();
+    let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    (equal, prefix)
+}
+
 pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     let settings = SparseSettings::from_args(&a.model)?;
     let path = model_path(&a.model.model)?;
-    let mut dense = load(&path, &FfnMode::Dense)?;
+    let mut runs = Vec::new();
+
+    let mut dense = load_dense(&path, settings.threads)?;
+    let fused = dense.model.is_fused();
     let prompt = dense.tok.encode(&chatml(&a.prompt))?;
     println!("prompt: {}", a.prompt);
-    let d = run_one(&mut dense, &prompt, a.max_tokens, "dense FFN (candle)")?;
+    let label = match fused {
+        true => "our dense decoder (powerinfer, fused)",
+        false => "dense (candle's model: this file does not run on the fused decoder)",
+    };
+    let generation = run_one(&mut dense, &prompt, a.max_tokens, label)?;
     drop(dense);
+    runs.push(Run {
+        name: "dense",
+        generation,
+        skipped: "nothing skipped".into(),
+    });
 
     let mut sm = crate::input::load_default_sparse(&path, &settings)?;
     let kind = match sm.input {
         true => "input-sparse FFN",
         false => "sparse FFN",
     };
-    let s = run_one(
-        &mut sm.m,
-        &prompt,
-        a.max_tokens,
-        &format!("{kind} (powerinfer, {})", sm.label),
-    )?;
-    let (label, (_, realized)) = (sm.label.clone(), sm.take_skipped());
+    let label = format!("{kind} (powerinfer, {})", sm.label);
+    let generation = run_one(&mut sm.m, &prompt, a.max_tokens, &label)?;
+    let (_, realized) = sm.take_skipped();
+    runs.push(Run {
+        name: "sparse",
+        generation,
+        skipped: format!("{realized} ({})", sm.label),
+    });
+    drop(sm);
 
-    let same = d
-        .tokens
-        .iter()
-        .zip(&s.tokens)
-        .filter(|(x, y)| x == y)
-        .count();
-    let prefix = d
-        .tokens
-        .iter()
-        .zip(&s.tokens)
-        .take_while(|(x, y)| x == y)
-        .count();
+    if fused {
+        let mut candle = load(&path, &FfnMode::Dense)?;
+        let generation = run_one(&mut candle, &prompt, a.max_tokens, "dense (candle's model)")?;
+        runs.push(Run {
+            name: "candle",
+            generation,
+            skipped: "nothing skipped".into(),
+        });
+    }
+
     println!("---");
-    println!(
-        "dense : {:>3} tokens, prompt {:>7.1} tok/s, decode {:>6.1} tok/s",
-        d.tokens.len(),
-        d.prompt_tps(),
-        d.decode_tps()
-    );
-    println!(
-        "sparse: {:>3} tokens, prompt {:>7.1} tok/s, decode {:>6.1} tok/s, {realized} ({label})",
-        s.tokens.len(),
-        s.prompt_tps(),
-        s.decode_tps(),
-    );
-    println!(
-        "agreement: {same} of {} generated tokens equal, first {prefix} identical",
-        d.tokens.len().min(s.tokens.len())
-    );
+    let reference = runs[0].generation.tokens.clone();
+    for r in &runs {
+        let g = &r.generation;
+        println!(
+            "{:<6}: {:>3} tokens, prompt {:>7.1} tok/s, decode {:>6.1} tok/s, {}",
+            r.name,
+            g.tokens.len(),
+            g.prompt_tps(),
+            g.decode_tps(),
+            r.skipped
+        );
+    }
+    for r in &runs[1..] {
+        let (equal, prefix) = agreement(&reference, &r.generation.tokens);
+        println!(
+            "agreement with dense: {} {equal} of {} generated tokens equal, first {prefix} identical",
+            r.name,
+            reference.len().min(r.generation.tokens.len())
+        );
+    }
     Ok(())
 }

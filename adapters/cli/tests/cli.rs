@@ -191,6 +191,37 @@ fn eval_and_generate_default_to_the_input_rule() {
     assert!(err.contains("sparse: ") && err.contains("rule at"), "{err}");
 }
 
+/// `demo` runs our dense decoder, the default sparse mode and candle's dense model, and measures
+/// the other two against our dense decoder.
+#[test]
+fn demo_compares_with_our_dense_decoder() {
+    let (ok, out, err) = powerinfer(&["demo", "--max-tokens", "6", "--calibration-tokens", "512"]);
+    assert!(ok, "{err}");
+    for label in [
+        "--- our dense decoder (powerinfer, fused) ---",
+        "--- input-sparse FFN (powerinfer, teal rule at",
+        "--- dense (candle's model) ---",
+    ] {
+        assert!(out.contains(label), "no `{label}`:\n{out}");
+    }
+    let row = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{name:<6}: ")))
+            .unwrap_or_else(|| panic!("no `{name}` row:\n{out}"))
+            .to_string()
+    };
+    assert!(row("dense").contains("decode"), "{out}");
+    assert!(
+        row("sparse").contains("of the FFN weight bytes skipped"),
+        "{out}"
+    );
+    assert!(row("candle").contains("nothing skipped"), "{out}");
+    for name in ["sparse", "candle"] {
+        let line = format!("agreement with dense: {name} ");
+        assert!(out.contains(&line), "no `{line}`:\n{out}");
+    }
+}
+
 #[test]
 fn prompt_longer_than_context() {
     let long = "word ".repeat(9000);
