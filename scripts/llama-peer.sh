@@ -92,7 +92,7 @@ PIN_TOKEN_STRINGS=(
     '<tool_call>{"name": "f"}</tool_call> user-defined in Qwen'
 )
 PIN_CTX=512
-# 8 chunks of 512: the 1.5B model's 1-thread run takes about 100 s here (measured; see the README).
+# 8 chunks of 512: the 1.5B model's 1-thread run takes about 100 s here (measured; see docs/models.md).
 PIN_CHUNKS=8
 
 build() {

@@ -5,7 +5,7 @@
 //!
 //! This module only reads and checks those files and maps them onto the engine's types
 //! ([`LowRank`], [`PreNormLowRank`], [`LayerPlacement`]); it runs nothing. Format facts, with the
-//! lines of PowerInfer they come from, are in the README section "PowerInfer files".
+//! lines of PowerInfer they come from, are in `docs/powerinfer-files.md`.
 //!
 //! - A `PWRI` file is a GGUF v3 file whose first four bytes were overwritten with `PWRI` after
 //!   writing (PowerInfer `convert.py`, end of `main`); every other byte follows GGUF. candle's

@@ -7,7 +7,7 @@
 //! A kept row is one block dot product (`Kernels::dot_q`, scalar), whose float result can differ
 //! from the packed kernel's in the last bits (on SmolLM2's Q4_1 FFN inputs most outputs do), so
 //! this path equals the dense FFN to rounding, not bit for bit. It is an evaluated rule, not a tuned one:
-//! on SmolLM2 it lost to TEAL at every budget (README).
+//! on SmolLM2 it lost to TEAL at every budget (`docs/sparse-modes.md`).
 
 use candle_core::quantized::QTensor;
 

@@ -27,7 +27,7 @@ pub struct InputRuleOptions {
 impl Default for InputRuleOptions {
     fn default() -> Self {
         // TEAL and WINA skip the same bytes at this target; TEAL held perplexity slightly better
-        // on SmolLM2 (README), and down tolerates more sparsity than gate and up.
+        // on SmolLM2 (`docs/sparse-modes.md`), and down tolerates more sparsity than gate and up.
         InputRuleOptions {
             score: InputScore::Magnitude,
             target: 0.28,

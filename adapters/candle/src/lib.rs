@@ -32,11 +32,29 @@ mod tokenizer;
 
 use std::path::Path;
 
-/// The README's Rust snippets, compiled by `cargo test --doc` (and run where they need no model
-/// file), so the documented API cannot drift from the code.
+/// The README's and the `docs/` guides' Rust snippets, compiled by `cargo test --doc` (and run
+/// where they need no model file), so the documented API cannot drift from the code.
 #[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;
+pub mod doc_snippets {
+    #[doc = include_str!("../../../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../../../docs/usage.md")]
+    pub struct Usage;
+    #[doc = include_str!("../../../docs/predictors.md")]
+    pub struct Predictors;
+    #[doc = include_str!("../../../docs/candle.md")]
+    pub struct Candle;
+    #[doc = include_str!("../../../docs/fast-tier.md")]
+    pub struct FastTier;
+    #[doc = include_str!("../../../docs/mistralrs.md")]
+    pub struct MistralRs;
+    #[doc = include_str!("../../../docs/powerinfer-files.md")]
+    pub struct PowerInferFiles;
+    #[doc = include_str!("../../../docs/sparse-modes.md")]
+    pub struct SparseModes;
+    #[doc = include_str!("../../../docs/models.md")]
+    pub struct Models;
+}
 
 pub use analyze::{load_artifact, model_sha256, native_storage, Profile, Sampling};
 pub use config::{activation_from_name, LlamaConfig};

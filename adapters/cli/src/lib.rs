@@ -155,7 +155,7 @@ pub struct ModelArgs {
     /// The input rule (`demo`, `bench`'s `input` row, `analyze`) with input sparsity on the
     /// attention projections too (GGUF files): this fraction of the q/k/v and o input entries
     /// dropped. Default 0: on SmolLM2 it held perplexity but its column products were slower
-    /// than the dense rows at this size (README).
+    /// than the dense rows at this size (docs/sparse-modes.md).
     #[arg(long, default_value_t = 0.0, value_parser = args::input_fraction)]
     pub attention_sparsity: f64,
 }
