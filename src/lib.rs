@@ -64,7 +64,8 @@ pub use hybrid::{
 };
 pub use input_sparse::{
     split_target, ChessRule, GreedyPath, GreedyStep, InputScore, InputScores, InputSparseFfn,
-    InputSparseLinear, InputThresholds, WeightTraffic, MAX_SAMPLES, SAMPLE_EVERY,
+    InputSparseLinear, InputSparseOptions, InputThresholds, WeightTraffic, MAX_SAMPLES,
+    SAMPLE_EVERY,
 };
 pub use linear::QLinear;
 pub use predict::{

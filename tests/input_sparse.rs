@@ -310,3 +310,94 @@ fn bad_input_is_a_typed_error() {
     );
     assert!(InputScore::from_name("relu").is_err());
 }
+
+/// `InputSparseFfn::load` reads a candle MLP from its `VarBuilder` as `HybridFfn::load` does
+/// (gated `gate_proj`/`up_proj`/`down_proj` or ungated `fc1`/`fc2` with biases, in the
+/// `VarBuilder`'s dtype) and gives `from_weights`' bits under the options' rule; a missing
+/// tensor is named in full and an integer dtype is refused.
+#[test]
+fn var_builder_load_is_from_weights() {
+    use candle_core::DType;
+    use candle_nn::VarBuilder;
+    use powerinfer::{ErrorKind, InputSparseOptions};
+    use std::collections::HashMap;
+
+    let mut rng = StdRng::seed_from_u64(5);
+    let th = InputThresholds {
+        gate: 0.3,
+        up: 0.2,
+        down: 0.02,
+    };
+    for (gated, dtype, storage) in [
+        (true, DType::F32, ColumnStorage::F32),
+        (false, DType::BF16, ColumnStorage::BF16),
+        (true, DType::F16, ColumnStorage::F16),
+    ] {
+        let spec = match gated {
+            true => FfnSpec::gated(48, 80, Activation::Silu),
+            false => FfnSpec::ungated(48, 80, Activation::Gelu),
+        }
+        .unwrap();
+        let w = Weights::random(&spec, 9);
+        let bu = tensor(&mut rng, &[80], 0.5);
+        let names = match gated {
+            true => ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"],
+            false => ["", "mlp.fc1", "mlp.fc2"],
+        };
+        let mut m = HashMap::new();
+        if let Some(g) = &w.gate {
+            m.insert(format!("{}.weight", names[0]), g.clone());
+        }
+        m.insert(format!("{}.weight", names[1]), w.up.clone());
+        m.insert(format!("{}.weight", names[2]), w.down.clone());
+        m.insert(format!("{}.bias", names[1]), bu.clone());
+        let vb = VarBuilder::from_tensors(m.clone(), dtype, &Device::Cpu);
+        let opts = InputSparseOptions {
+            threads: 2,
+            score: InputScore::Wina,
+            thresholds: th,
+            ..Default::default()
+        };
+        let f = InputSparseFfn::load(spec.activation, vb.pp("mlp"), opts).unwrap();
+        assert_eq!(*f.spec(), spec, "sizes and gating from the weights");
+        assert_eq!((f.score(), f.thresholds()), (InputScore::Wina, th));
+
+        // The same tensors as the VarBuilder hands them out (converted to its dtype).
+        let conv = |t: &Tensor| t.to_dtype(dtype).unwrap();
+        let (g, u, d, b) = (
+            w.gate.as_ref().map(conv),
+            conv(&w.up),
+            conv(&w.down),
+            conv(&bu),
+        );
+        let view = FfnWeights {
+            gate: g.as_ref(),
+            up: &u,
+            down: &d,
+            gate_bias: None,
+            up_bias: Some(&b),
+            down_bias: None,
+        };
+        let mut r = InputSparseFfn::from_weights(spec, view, storage, 2, None).unwrap();
+        r.set_rule(InputScore::Wina, th).unwrap();
+        let x = flat(&tensor(&mut rng, &[3, 48], 1.0));
+        let (mut a, mut e) = (vec![0f32; 3 * 48], vec![0f32; 3 * 48]);
+        f.forward_f32(&x, 3, &mut a).unwrap();
+        r.forward_f32(&x, 3, &mut e).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&e), "gated {gated} {dtype:?}");
+        assert_eq!(f.weight_bytes(), r.weight_bytes(), "stored as {storage:?}");
+
+        m.remove(&format!("{}.weight", names[2]));
+        let vb = VarBuilder::from_tensors(m, dtype, &Device::Cpu);
+        let err = InputSparseFfn::load(spec.activation, vb.pp("mlp"), opts).unwrap_err();
+        let missing = format!("{}.weight", names[2]);
+        assert!(
+            matches!(err.kind(), ErrorKind::MissingTensor { name } if *name == missing),
+            "{err}"
+        );
+    }
+    let vb = VarBuilder::from_tensors(HashMap::new(), DType::U32, &Device::Cpu);
+    let err = InputSparseFfn::load(Activation::Silu, vb, InputSparseOptions::default());
+    assert!(err.unwrap_err().to_string().contains("VarBuilder dtype"));
+}

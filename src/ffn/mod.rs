@@ -575,6 +575,69 @@ fn interleave<T: WithDType>(spec: &FfnSpec, sources: &[(&Tensor, &str)]) -> Resu
     Ok(out)
 }
 
+/// The tensors of a candle-transformers MLP under `vb` (`gate_proj`, `up_proj`, `down_proj`; or
+/// `up_proj`, `down_proj`; or `fc1`, `fc2`; each `.weight` with an optional `.bias`), handed to
+/// `build` with the spec they give: sizes from up (`[intermediate, hidden]`), gated when
+/// `gate_proj` is there. A missing tensor is [`ErrorKind::MissingTensor`] with its full name.
+pub(crate) fn with_mlp_tensors<T>(
+    activation: Activation,
+    vb: &candle_nn::VarBuilder,
+    build: impl FnOnce(FfnSpec, FfnWeights<'_>) -> Result<T>,
+) -> Result<T> {
+    let names: &[&str] = if vb.contains_tensor("gate_proj.weight") {
+        &["gate_proj", "up_proj", "down_proj"]
+    } else if vb.contains_tensor("up_proj.weight") {
+        &["up_proj", "down_proj"]
+    } else {
+        &["fc1", "fc2"]
+    };
+    let gated = names.len() == 3;
+    let full = |name: &str| match vb.prefix() {
+        p if p.is_empty() => name.to_string(),
+        p => format!("{p}.{name}"),
+    };
+    let get = |name: &str| -> Result<Tensor> {
+        if !vb.contains_tensor(name) {
+            return Err(ErrorKind::MissingTensor { name: full(name) }.into());
+        }
+        Ok(vb.get_unchecked(name)?)
+    };
+    let opt = |name: &str| -> Result<Option<Tensor>> {
+        match vb.contains_tensor(name) {
+            true => Ok(Some(vb.get_unchecked(name)?)),
+            false => Ok(None),
+        }
+    };
+    let w: Vec<Tensor> = names
+        .iter()
+        .map(|n| get(&format!("{n}.weight")))
+        .collect::<Result<_>>()?;
+    let b: Vec<Option<Tensor>> = names
+        .iter()
+        .map(|n| opt(&format!("{n}.bias")))
+        .collect::<Result<_>>()?;
+    let k = usize::from(gated);
+    let (intermediate, hidden) = match *w[k].dims() {
+        [n, h] => (n, h),
+        ref d => {
+            let up_name = full(&format!("{}.weight", names[k]));
+            return Err(Error::shape(&up_name, &[None, None], d));
+        }
+    };
+    let spec = FfnSpec::new(hidden, intermediate, activation, gated)?;
+    build(
+        spec,
+        FfnWeights {
+            gate: gated.then(|| &w[0]),
+            up: &w[k],
+            down: &w[k + 1],
+            gate_bias: if gated { b[0].as_ref() } else { None },
+            up_bias: b[k].as_ref(),
+            down_bias: b[k + 1].as_ref(),
+        },
+    )
+}
+
 /// The dense FFN written with candle ops: the oracle every fast path is tested against.
 ///
 /// `x` is `[.., hidden]`; weights as in [`FfnWeights`]. Computes in the tensors' own dtype.

@@ -181,60 +181,10 @@ impl HybridFfn {
     /// sizes are read from the weights (`up` is `[intermediate, hidden]`; the others are checked
     /// against it) and they are stored in the `VarBuilder`'s dtype.
     pub fn load(activation: Activation, vb: VarBuilder, opts: HybridOptions) -> Result<Self> {
-        let names: &[&str] = if vb.contains_tensor("gate_proj.weight") {
-            &["gate_proj", "up_proj", "down_proj"]
-        } else if vb.contains_tensor("up_proj.weight") {
-            &["up_proj", "down_proj"]
-        } else {
-            &["fc1", "fc2"]
-        };
-        let gated = names.len() == 3;
-        let full = |name: &str| {
-            let prefix = vb.prefix();
-            if prefix.is_empty() {
-                name.to_string()
-            } else {
-                format!("{prefix}.{name}")
-            }
-        };
-        let get = |name: &str| -> Result<Tensor> {
-            if !vb.contains_tensor(name) {
-                return Err(ErrorKind::MissingTensor { name: full(name) }.into());
-            }
-            Ok(vb.get_unchecked(name)?)
-        };
-        let opt = |name: &str| -> Result<Option<Tensor>> {
-            if vb.contains_tensor(name) {
-                Ok(Some(vb.get_unchecked(name)?))
-            } else {
-                Ok(None)
-            }
-        };
-        let w: Vec<Tensor> = names
-            .iter()
-            .map(|n| get(&format!("{n}.weight")))
-            .collect::<Result<_>>()?;
-        let b: Vec<Option<Tensor>> = names
-            .iter()
-            .map(|n| opt(&format!("{n}.bias")))
-            .collect::<Result<_>>()?;
-        let k = usize::from(gated);
-        let up_name = full(&format!("{}.weight", names[k]));
-        let (intermediate, hidden) = match *w[k].dims() {
-            [n, h] => (n, h),
-            ref d => return Err(Error::shape(&up_name, &[None, None], d)),
-        };
-        let spec = FfnSpec::new(hidden, intermediate, activation, gated)?;
-        let weights = FfnWeights {
-            gate: gated.then(|| &w[0]),
-            up: &w[k],
-            down: &w[k + 1],
-            gate_bias: if gated { b[0].as_ref() } else { None },
-            up_bias: b[k].as_ref(),
-            down_bias: b[k + 1].as_ref(),
-        };
-        let dtype = WeightDType::from_candle(vb.dtype(), "VarBuilder dtype")?;
-        Self::from_weights(spec, weights, dtype, opts)
+        crate::ffn::with_mlp_tensors(activation, &vb, |spec, weights| {
+            let dtype = WeightDType::from_candle(vb.dtype(), "VarBuilder dtype")?;
+            Self::from_weights(spec, weights, dtype, opts)
+        })
     }
 
     /// Replaces the predictor.

@@ -62,6 +62,31 @@ struct Scratch {
     batch: batch::Batch,
 }
 
+/// How [`InputSparseFfn::load`] builds the FFN: threads, SIMD level and the rule it starts with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InputSparseOptions {
+    /// Threads of the FFN's pool (the calling thread included). Default: every core.
+    pub threads: usize,
+    /// SIMD level of the kernels (`None`: the best the CPU has).
+    pub simd_level: Option<SimdLevel>,
+    /// How input entries are scored (TEAL's `|x|` by default).
+    pub score: InputScore,
+    /// The thresholds (default all 0: every nonzero entry kept, the dense result). Calibrate
+    /// them with [`InputSparseFfn::record_scores`] and [`InputScores::thresholds`].
+    pub thresholds: InputThresholds,
+}
+
+impl Default for InputSparseOptions {
+    fn default() -> Self {
+        InputSparseOptions {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            simd_level: None,
+            score: InputScore::default(),
+            thresholds: InputThresholds::default(),
+        }
+    }
+}
+
 /// The FFN with input sparsity on column-major weights (see the module docs).
 pub struct InputSparseFfn {
     spec: FfnSpec,
@@ -221,6 +246,34 @@ impl InputSparseFfn {
         f.up_bias = bias(w.up_bias, "up_proj.bias", n)?;
         f.down_bias = bias(w.down_bias, "down_proj.bias", h)?;
         Ok(f)
+    }
+
+    /// The FFN of a candle-transformers MLP, read from its `VarBuilder` as
+    /// [`crate::HybridFfn::load`] reads it (`gate_proj`/`up_proj`/`down_proj`, `up_proj`/
+    /// `down_proj` or `fc1`/`fc2`, optional biases; sizes and gating from the weights), stored
+    /// column-major in the `VarBuilder`'s dtype (f32, f16 or bf16), with `opts`' rule. The swap
+    /// in a model's layer is one line: `mlp: InputSparseFfn::load(act, vb.pp("mlp"), opts)?`.
+    pub fn load(
+        activation: crate::Activation,
+        vb: candle_nn::VarBuilder,
+        opts: InputSparseOptions,
+    ) -> Result<Self> {
+        let storage = match vb.dtype() {
+            DType::F32 => ColumnStorage::F32,
+            DType::F16 => ColumnStorage::F16,
+            DType::BF16 => ColumnStorage::BF16,
+            other => {
+                return Err(Error::config(
+                    "VarBuilder dtype",
+                    format!("{other:?}: the input-sparse FFN stores f32, f16 or bf16"),
+                ))
+            }
+        };
+        crate::ffn::with_mlp_tensors(activation, &vb, |spec, weights| {
+            let mut f = Self::from_weights(spec, weights, storage, opts.threads, opts.simd_level)?;
+            f.set_rule(opts.score, opts.thresholds)?;
+            Ok(f)
+        })
     }
 
     /// Sets the rule: how entries are scored and the thresholds (finite, at least 0).
