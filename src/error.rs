@@ -375,11 +375,13 @@ impl fmt::Display for Error {
     }
 }
 
+/// The wrapped error's message is already part of this one's (`Display`), so `source` goes on
+/// from what it wraps: a chain printed whole (`{:#}` in anyhow) says each thing once.
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            ErrorKind::Candle(e) => Some(e),
-            ErrorKind::Io { source, .. } => Some(source),
+            ErrorKind::Candle(e) => e.source(),
+            ErrorKind::Io { source, .. } => source.source(),
             _ => None,
         }
     }
