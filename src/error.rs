@@ -178,6 +178,23 @@ impl Error {
         &self.kind
     }
 
+    /// For an error about a whole file ([`ErrorKind::BadMagic`], [`ErrorKind::Truncated`],
+    /// [`ErrorKind::Format`]), what is wrong with it without the file's name, for a caller that
+    /// names the file itself; `None` for the other kinds.
+    pub fn file_problem(&self) -> Option<String> {
+        Some(match &self.kind {
+            ErrorKind::BadMagic { got, .. } => format!(
+                "not a GGUF file: magic {:?} ({got:02x?}), expected \"GGUF\" or \"PWRI\"",
+                String::from_utf8_lossy(got)
+            ),
+            ErrorKind::Truncated {
+                what, needed, len, ..
+            } => format!("truncated: {what} needs {needed} bytes, the file has {len}"),
+            ErrorKind::Format { reason, .. } => reason.clone(),
+            _ => return None,
+        })
+    }
+
     pub(crate) fn shape(tensor: &str, expected: &[Option<usize>], got: &[usize]) -> Self {
         ErrorKind::Shape {
             tensor: tensor.to_string(),
@@ -231,25 +248,6 @@ impl Error {
             index,
         }
         .into()
-    }
-}
-
-impl Error {
-    /// For an error about a whole file ([`ErrorKind::BadMagic`], [`ErrorKind::Truncated`],
-    /// [`ErrorKind::Format`]), what is wrong with it without the file's name, for a caller that
-    /// names the file itself; `None` for the other kinds.
-    pub fn file_problem(&self) -> Option<String> {
-        Some(match &self.kind {
-            ErrorKind::BadMagic { got, .. } => format!(
-                "not a GGUF file: magic {:?} ({got:02x?}), expected \"GGUF\" or \"PWRI\"",
-                String::from_utf8_lossy(got)
-            ),
-            ErrorKind::Truncated {
-                what, needed, len, ..
-            } => format!("truncated: {what} needs {needed} bytes, the file has {len}"),
-            ErrorKind::Format { reason, .. } => reason.clone(),
-            _ => return None,
-        })
     }
 }
 

@@ -262,11 +262,9 @@ impl InputSparseFfn {
             DType::F32 => ColumnStorage::F32,
             DType::F16 => ColumnStorage::F16,
             DType::BF16 => ColumnStorage::BF16,
-            other => {
-                return Err(Error::config(
-                    "VarBuilder dtype",
-                    format!("{other:?}: the input-sparse FFN stores f32, f16 or bf16"),
-                ))
+            got => {
+                let tensor = "VarBuilder dtype".to_string();
+                return Err(ErrorKind::DType { tensor, got }.into());
             }
         };
         crate::ffn::with_mlp_tensors(activation, &vb, |spec, weights| {

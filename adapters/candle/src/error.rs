@@ -77,6 +77,14 @@ impl Error {
         &self.kind
     }
 
+    /// The file this error names in its message (an I/O error or an invalid file), if any.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match &self.kind {
+            ErrorKind::Io { path, .. } | ErrorKind::Format { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ErrorKind::Io {
             path: path.into(),

@@ -178,15 +178,10 @@ pub fn load(path: &Path, mode: &FfnMode) -> Result<Loaded> {
         _ => "dense",
     };
     let pb = spinner(format!("loading {} ({what} FFN)", path.display()));
-    // The file's name once: errors about the file itself name it already.
-    let (model, tok) = open(path, mode).map_err(|e| {
-        let names_file = e.to_string().contains(&path.display().to_string());
-        let e = anyhow::Error::new(e);
-        if names_file {
-            e
-        } else {
-            e.context(format!("loading {}", path.display()))
-        }
+    // The file's name once: an error about the file itself names it already.
+    let (model, tok) = open(path, mode).map_err(|e| match e.path() == Some(path) {
+        true => anyhow::Error::new(e),
+        false => anyhow::Error::new(e).context(format!("loading {}", path.display())),
     })?;
     pb.finish_and_clear();
     tracing::info!(config = ?model.config(), "loaded {what} model");

@@ -84,7 +84,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     }
 
     println!("---");
-    let reference = runs[0].generation.tokens.clone();
+    let reference = &runs[0].generation.tokens;
     for r in &runs {
         let g = &r.generation;
         println!(
@@ -97,7 +97,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
         );
     }
     for r in &runs[1..] {
-        let (equal, prefix) = agreement(&reference, &r.generation.tokens);
+        let (equal, prefix) = agreement(reference, &r.generation.tokens);
         println!(
             "agreement with dense: {} {equal} of {} generated tokens equal, first {prefix} identical",
             r.name,
