@@ -10,7 +10,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use powerinfer::cpu::{BlockKind, PackedRows, QuantizedRow};
-use powerinfer::{QLinear, SimdLevel};
+use powerinfer::{cpu::SimdLevel, layers::QLinear};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)

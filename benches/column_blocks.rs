@@ -20,7 +20,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use powerinfer::cpu::{
     ActiveChannels, BlockKind, ColumnBlocks, Kernels, PackedRows, QuantizedRow, UNIT_ROWS,
 };
-use powerinfer::{QLinear, SimdLevel};
+use powerinfer::{cpu::SimdLevel, layers::QLinear};
 use std::time::Duration;
 
 fn env(name: &str, default: usize) -> usize {

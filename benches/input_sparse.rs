@@ -17,7 +17,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use powerinfer::cpu::{ActiveColumns, ColumnMatrix, Kernels, QuantKind, QuantizedRow, CHUNK};
 use powerinfer::{
-    Activation, ColumnStorage, FfnSpec, FfnWeights, InputScore, InputSparseFfn, QLinear, SimdLevel,
+    cpu::ColumnStorage, cpu::SimdLevel, layers::QLinear, Activation, FfnSpec, FfnWeights,
+    InputScore, InputSparseFfn,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -276,7 +277,7 @@ fn ffn_case(
     iters: usize,
     bw: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let hidden = ffns[0].spec().hidden;
+    let hidden = ffns[0].spec().hidden();
     let mut y = vec![0f32; hidden];
     for ffn in ffns.iter_mut() {
         ffn.record_scores();

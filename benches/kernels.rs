@@ -6,7 +6,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 use powerinfer::cpu::Kernels;
-use powerinfer::SimdLevel;
+use powerinfer::cpu::SimdLevel;
 
 const N: usize = 4096;
 
@@ -108,7 +108,7 @@ fn packed(c: &mut Criterion) {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
     use powerinfer::cpu::QuantizedRow;
-    use powerinfer::QLinear;
+    use powerinfer::layers::QLinear;
     let mut g = c.benchmark_group("qlinear");
     g.sample_size(20);
     for (rows, cols, dt) in [

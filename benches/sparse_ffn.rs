@@ -13,8 +13,8 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use powerinfer::cpu::{share, Kernels, Pool};
 use powerinfer::{
-    dense_reference, Activation, ActiveSet, FfnSpec, FfnWeights, HybridFfn, HybridOptions,
-    PredictInput, Predictor, SimdLevel, WeightDType,
+    cpu::SimdLevel, dense_reference, predict::ActiveSet, predict::PredictInput, Activation,
+    FfnSpec, FfnWeights, HybridFfn, HybridOptions, Predictor, WeightDType,
 };
 use rand::{rngs::StdRng, seq::index::sample, SeedableRng};
 

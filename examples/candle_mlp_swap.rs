@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{linear_no_bias, Activation, Linear, VarBuilder};
 use candle_transformers::models::qwen2::Config;
-use powerinfer::{GateFirst, HybridFfn, HybridOptions, LayerPlacement};
+use powerinfer::{tier::LayerPlacement, GateFirst, HybridFfn, HybridOptions};
 
 /// The dense MLP exactly as candle-transformers' qwen2 builds it.
 struct DenseMlp {

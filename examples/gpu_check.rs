@@ -16,8 +16,9 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use powerinfer::{
-    cuda_device, Activation, ActiveSet, CudaTier, FastTier, FfnSpec, FfnWeights, HybridFfn,
-    HybridOptions, LayerPlacement, NeuronBundles, Oracle, TierBudget, TierCall, WeightDType,
+    predict::ActiveSet, predict::Oracle, tier::cuda_device, tier::CudaTier, tier::FastTier,
+    tier::LayerPlacement, tier::TierBudget, tier::TierCall, Activation, FfnSpec, FfnWeights,
+    HybridFfn, HybridOptions, NeuronBundles, WeightDType,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

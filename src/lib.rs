@@ -4,7 +4,7 @@
 //! with hot/cold neuron placement, as a drop-in [`candle_core::Module`].
 //!
 //! For each token only the FFN neurons a [`Predictor`] selects are computed, reading only their
-//! bytes from neuron-major storage ([`NeuronBundles`]). A [`LayerPlacement`] splits them between a
+//! bytes from neuron-major storage ([`NeuronBundles`]). A [`LayerPlacement`](tier::LayerPlacement) splits them between a
 //! fast tier (GPU, in a later release; the CPU today) and the CPU tier; both partial outputs are
 //! summed in a fixed order. The dense FFN ([`dense_reference`]) is the oracle the tests hold every
 //! path to.
@@ -29,6 +29,20 @@
 //! # Ok(()) }
 //! ```
 
+// One candle, under its own name whichever release it is: with `candle-0-10` the 0.10 crates
+// (renamed in Cargo.toml) take the names `candle_core` and `candle_nn` for every path below.
+#[cfg(all(feature = "candle-0-10", feature = "candle-0-11"))]
+compile_error!(
+    "powerinfer: features `candle-0-10` and `candle-0-11` exclude each other; \
+     for candle 0.10 use `default-features = false, features = [\"candle-0-10\"]`"
+);
+#[cfg(not(any(feature = "candle-0-10", feature = "candle-0-11")))]
+compile_error!("powerinfer: enable `candle-0-11` (the default) or `candle-0-10`");
+#[cfg(all(feature = "candle-0-10", not(feature = "candle-0-11")))]
+extern crate candle_core_0_10 as candle_core;
+#[cfg(all(feature = "candle-0-10", not(feature = "candle-0-11")))]
+extern crate candle_nn_0_10 as candle_nn;
+
 mod activation;
 mod active;
 pub mod analysis;
@@ -41,33 +55,50 @@ pub mod format;
 mod hybrid;
 mod input_sparse;
 mod linear;
-mod predict;
+pub mod predict;
 mod tensor_io;
 
-// The user API: the FFN blocks, their options, rules and predictors, the artifact, errors.
-// Kernels, calibration and training, and file readers live in `cpu`, `analysis` and `format`.
+// The user API at the root (25 names): the FFN blocks and their options, what runs
+// (`Sparsity`), the input rule, the predictors, the artifact, errors. The rest lives in modules:
+// `predict` (every predictor and its input), `tier` (the fast tier's seam and plumbing),
+// `layers` (the fused decoder's linear layers), `input_rule` (calibrating the input rule),
+// `analysis` (profiling, training), `format` (files) and `cpu` (kernels, unstable).
 pub use activation::Activation;
-pub use active::ActiveSet;
-pub use cpu::{ColumnStorage, SimdLevel, SIMD_LEVEL_ENV};
-#[cfg(feature = "cuda")]
-pub use cuda::{cuda_device, CudaTier, MAX_ROWS as CUDA_MAX_ROWS};
 pub use error::{Error, ErrorKind, Result};
 pub use ffn::{dense_reference, FfnSpec, FfnWeights, NeuronBundles, WeightDType};
-pub use format::{
-    model_sha256, Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary, InputRuleMeta,
-    LayerMeta, LayerTensors, ARTIFACT_FORMAT, ARTIFACT_VERSION,
-};
-pub use hybrid::{
-    plan_placement, CacheFill, FastTier, HybridFfn, HybridOptions, LayerPlacement, NeuronCache,
-    Neurons, Placement, PrefillPolicy, ReferenceTier, Reservation, TierBudget, TierCall,
-    TierCounters,
-};
+pub use format::Artifact;
+pub use hybrid::{HybridFfn, HybridOptions, Neurons, PrefillPolicy, Sparsity};
 pub use input_sparse::{
-    split_target, ChessRule, GreedyPath, GreedyStep, InputScore, InputScores, InputSparseFfn,
-    InputSparseLinear, InputSparseOptions, InputThresholds, WeightTraffic, MAX_SAMPLES,
-    SAMPLE_EVERY,
+    InputScore, InputScores, InputSparseFfn, InputSparseOptions, InputThresholds, WeightTraffic,
 };
-pub use linear::QLinear;
-pub use predict::{
-    All, GateFirst, LowRank, Oracle, PreNormLowRank, PredictInput, Predictor, RowRms,
-};
+pub use predict::{All, GateFirst, LowRank, Predictor};
+
+/// The fast tier: the seam a GPU (or any other) tier plugs in behind ([`FastTier`](tier::FastTier)), the
+/// placement that says which neurons it holds, the byte budget and the cache bookkeeping every
+/// tier shares, and the two tiers: [`ReferenceTier`](tier::ReferenceTier) on CPU threads of its own and, with the
+/// `cuda` feature, `CudaTier`.
+pub mod tier {
+    #[cfg(feature = "cuda")]
+    pub use crate::cuda::{cuda_device, CudaTier, MAX_ROWS as CUDA_MAX_ROWS};
+    pub use crate::hybrid::{
+        plan_placement, CacheFill, FastTier, LayerPlacement, NeuronCache, Placement, ReferenceTier,
+        Reservation, TierBudget, TierCall, TierCounters,
+    };
+}
+
+/// The linear layers around the FFN that the candle adapter's fused decoder runs on the
+/// engine's kernels: [`QLinear`](layers::QLinear) (dense, on GGUF blocks) and
+/// [`InputSparseLinear`](layers::InputSparseLinear) (the input
+/// rule on one projection).
+pub mod layers {
+    pub use crate::input_sparse::InputSparseLinear;
+    pub use crate::linear::QLinear;
+}
+
+/// Calibrating the input-sparse rule: the target split ([`split_target`](input_rule::split_target)),
+/// TEAL's greedy allocation ([`GreedyPath`](input_rule::GreedyPath)), the CHESS rule, and how often calibration samples a row.
+pub mod input_rule {
+    pub use crate::input_sparse::{
+        split_target, ChessRule, GreedyPath, GreedyStep, MAX_SAMPLES, SAMPLE_EVERY,
+    };
+}

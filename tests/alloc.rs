@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use candle_core::{DType, Device, Tensor};
 use common::*;
 use powerinfer::{
-    Activation, FfnSpec, GateFirst, HybridFfn, HybridOptions, LayerPlacement, LowRank, WeightDType,
+    tier::LayerPlacement, Activation, FfnSpec, GateFirst, HybridFfn, HybridOptions, LowRank,
+    WeightDType,
 };
 
 struct Counting;

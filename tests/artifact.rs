@@ -3,8 +3,9 @@
 use half::f16;
 use powerinfer::analysis::QUANTILE_STEPS;
 use powerinfer::{
-    Artifact, ArtifactMeta, AttentionRuleMeta, CalibrationSummary, ErrorKind, InputRuleMeta,
-    InputThresholds, LayerMeta, LayerTensors,
+    format::ArtifactMeta, format::AttentionRuleMeta, format::CalibrationSummary,
+    format::InputRuleMeta, format::LayerMeta, format::LayerTensors, Artifact, ErrorKind,
+    InputThresholds,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -319,23 +320,23 @@ fn model_fingerprint_is_the_file_hash_or_the_hash_of_sorted_hashes() {
     let (a, b) = (d.join("a.safetensors"), d.join("config.json"));
     std::fs::write(&a, b"weights").unwrap();
     std::fs::write(&b, b"{}").unwrap();
-    let one = powerinfer::model_sha256(std::slice::from_ref(&a)).unwrap();
+    let one = powerinfer::format::model_sha256(std::slice::from_ref(&a)).unwrap();
     assert_eq!(
         one,
         "9a129038d9a00aed0cf6a7ea059ca50a813449061ab87848cf1a13eafdf33b2c", // sha256("weights")
     );
-    let ab = powerinfer::model_sha256(&[a.clone(), b.clone()]).unwrap();
-    let ba = powerinfer::model_sha256(&[b.clone(), a.clone()]).unwrap();
+    let ab = powerinfer::format::model_sha256(&[a.clone(), b.clone()]).unwrap();
+    let ba = powerinfer::format::model_sha256(&[b.clone(), a.clone()]).unwrap();
     assert_eq!(ab, ba, "order of the files given must not matter");
     assert_ne!(ab, one);
     std::fs::write(&a, b"weightz").unwrap();
     assert_ne!(
-        powerinfer::model_sha256(&[a.clone(), b.clone()]).unwrap(),
+        powerinfer::format::model_sha256(&[a.clone(), b.clone()]).unwrap(),
         ab
     );
-    let e = powerinfer::model_sha256(&[d.join("missing.gguf")]).unwrap_err();
+    let e = powerinfer::format::model_sha256(&[d.join("missing.gguf")]).unwrap_err();
     assert!(e.to_string().contains("missing.gguf"), "{e}");
-    assert!(powerinfer::model_sha256(&[]).is_err());
+    assert!(powerinfer::format::model_sha256(&[]).is_err());
     std::fs::remove_dir_all(d).ok();
 }
 
@@ -348,7 +349,7 @@ fn accessors_out_of_range() {
         assert!(a.placement(l).is_err());
         assert!(a.spec(l).is_err());
     }
-    let mut set = powerinfer::ActiveSet::new();
+    let mut set = powerinfer::predict::ActiveSet::new();
     set.reset(2, 70);
     set.insert(1, 69).unwrap();
     assert_eq!(set.contains(1, 69), Some(true));

@@ -12,7 +12,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use common::*;
 use powerinfer::cpu::{dequantize_blocks, dot_row, BlockKind, PackedRows, QuantizedRow};
-use powerinfer::{QLinear, SimdLevel};
+use powerinfer::{cpu::SimdLevel, layers::QLinear};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 

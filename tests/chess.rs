@@ -13,7 +13,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 use common::*;
 use powerinfer::{
-    Activation, ChessRule, FfnSpec, InputScore, InputSparseFfn, InputThresholds, QLinear, SimdLevel,
+    cpu::SimdLevel, input_rule::ChessRule, layers::QLinear, Activation, FfnSpec, InputScore,
+    InputSparseFfn, InputThresholds,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};

@@ -17,7 +17,7 @@ use half::f16;
 use powerinfer::cpu::{
     dot_row, ActiveChannels, BlockKind, ColumnBlocks, Kernels, QuantizedRow, UNIT_ROWS,
 };
-use powerinfer::{ErrorKind, SimdLevel};
+use powerinfer::{cpu::SimdLevel, ErrorKind};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

@@ -8,7 +8,7 @@ mod common;
 use candle_core::quantized::{GgmlDType, QTensor};
 use common::*;
 use powerinfer::cpu::{ActiveColumns, ColumnMatrix, Kernels, QuantKind, QuantizedRow, CHUNK};
-use powerinfer::{ColumnStorage, SimdLevel};
+use powerinfer::{cpu::ColumnStorage, cpu::SimdLevel};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use candle_core::{Module, Tensor};
 use common::*;
 use powerinfer::{
-    Activation, Artifact, FastTier, FfnSpec, GateFirst, HybridFfn, HybridOptions, InputSparseFfn,
-    LayerPlacement, LowRank, NeuronBundles, Oracle, ReferenceTier, TierBudget, WeightDType,
+    predict::Oracle, tier::FastTier, tier::LayerPlacement, tier::ReferenceTier, tier::TierBudget,
+    Activation, Artifact, FfnSpec, GateFirst, HybridFfn, HybridOptions, InputSparseFfn, LowRank,
+    NeuronBundles, WeightDType,
 };
 use rand::{rngs::StdRng, SeedableRng};
 

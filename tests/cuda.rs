@@ -10,8 +10,9 @@ mod common;
 use candle_core::Module;
 use common::*;
 use powerinfer::{
-    cuda_device, Activation, CudaTier, ErrorKind, FfnSpec, GateFirst, HybridFfn, HybridOptions,
-    LayerPlacement, NeuronBundles, Oracle, TierBudget, WeightDType,
+    predict::Oracle, tier::cuda_device, tier::CudaTier, tier::LayerPlacement, tier::TierBudget,
+    Activation, ErrorKind, FfnSpec, GateFirst, HybridFfn, HybridOptions, NeuronBundles,
+    WeightDType,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -237,7 +238,7 @@ fn cuda_budget_and_limits() {
         .unwrap();
     let cpu_out = {
         let mut rng = StdRng::seed_from_u64(2);
-        let x = tensor(&mut rng, &[powerinfer::CUDA_MAX_ROWS + 1, 128], 1.0);
+        let x = tensor(&mut rng, &[powerinfer::tier::CUDA_MAX_ROWS + 1, 128], 1.0);
         (ffn.forward(&x).unwrap(), x)
     };
     ffn.attach_tier(Box::new(

@@ -6,8 +6,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::VarBuilder;
 use common::*;
 use powerinfer::{
-    plan_placement, Activation, ErrorKind, FfnSpec, FfnWeights, GateFirst, HybridFfn,
-    HybridOptions, LayerPlacement, LowRank, NeuronBundles, Oracle, WeightDType,
+    predict::Oracle, tier::plan_placement, tier::LayerPlacement, Activation, ErrorKind, FfnSpec,
+    FfnWeights, GateFirst, HybridFfn, HybridOptions, LowRank, NeuronBundles, WeightDType,
 };
 use std::collections::HashMap;
 
@@ -266,7 +266,7 @@ fn var_builder_missing_tensor_is_named() {
     );
     let vb = VarBuilder::from_tensors(m, DType::F32, &Device::Cpu);
     let e = HybridFfn::load(
-        s.activation,
+        s.activation(),
         vb.pp("model.layers.3.mlp"),
         HybridOptions::default(),
     )
@@ -293,7 +293,7 @@ fn var_builder_load_matches_dense() {
         Tensor::ones(16, DType::F32, &Device::Cpu).unwrap(),
     );
     let vb = VarBuilder::from_tensors(m, DType::BF16, &Device::Cpu);
-    let f = HybridFfn::load(s.activation, vb, HybridOptions::default()).unwrap();
+    let f = HybridFfn::load(s.activation(), vb, HybridOptions::default()).unwrap();
     assert_eq!(f.bundles().dtype(), WeightDType::BF16);
     assert_eq!(*f.spec(), s, "sizes and gating read from the weights");
     let x = Tensor::ones((2, 16), DType::F32, &Device::Cpu).unwrap();
@@ -322,10 +322,15 @@ fn var_builder_load_infers_and_checks_sizes() {
         m.insert("down_proj.weight".to_string(), down);
         VarBuilder::from_tensors(m, DType::F32, &Device::Cpu)
     };
-    let f = HybridFfn::load(s.activation, put(w.down.clone()), HybridOptions::default()).unwrap();
+    let f = HybridFfn::load(
+        s.activation(),
+        put(w.down.clone()),
+        HybridOptions::default(),
+    )
+    .unwrap();
     assert_eq!(*f.spec(), s);
-    let wrong = w.down.narrow(1, 0, s.intermediate - 1).unwrap();
-    let e = HybridFfn::load(s.activation, put(wrong), HybridOptions::default()).unwrap_err();
+    let wrong = w.down.narrow(1, 0, s.intermediate() - 1).unwrap();
+    let e = HybridFfn::load(s.activation(), put(wrong), HybridOptions::default()).unwrap_err();
     assert!(
         matches!(e.kind(), ErrorKind::Shape { tensor, .. } if tensor.contains("down")),
         "{e}"

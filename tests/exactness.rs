@@ -6,8 +6,8 @@ mod common;
 use candle_core::{DType, Device, Module, Tensor};
 use common::*;
 use powerinfer::{
-    Activation, FfnSpec, GateFirst, HybridFfn, HybridOptions, LayerPlacement, LowRank,
-    NeuronBundles, Oracle, SimdLevel, TierBudget, WeightDType,
+    cpu::SimdLevel, predict::Oracle, tier::LayerPlacement, tier::TierBudget, Activation, FfnSpec,
+    GateFirst, HybridFfn, HybridOptions, LowRank, NeuronBundles, WeightDType,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -385,8 +385,8 @@ struct TwoPass(GateFirst);
 impl powerinfer::Predictor for TwoPass {
     fn predict(
         &self,
-        input: &powerinfer::PredictInput<'_>,
-        set: &mut powerinfer::ActiveSet,
+        input: &powerinfer::predict::PredictInput<'_>,
+        set: &mut powerinfer::predict::ActiveSet,
     ) -> powerinfer::Result<()> {
         self.0.predict(input, set)
     }

@@ -8,8 +8,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Tensor;
 use common::*;
 use powerinfer::{
-    Activation, FfnSpec, InputScore, InputScores, InputSparseFfn, InputThresholds, MAX_SAMPLES,
-    SAMPLE_EVERY,
+    input_rule::MAX_SAMPLES, input_rule::SAMPLE_EVERY, Activation, FfnSpec, InputScore,
+    InputScores, InputSparseFfn, InputThresholds,
 };
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -24,7 +24,7 @@ fn ffn(gated: bool, seed: u64) -> (InputSparseFfn, FfnSpec) {
 }
 
 fn calibrate(f: &InputSparseFfn, rows: usize, seed: u64) -> InputScores {
-    let h = f.spec().hidden;
+    let h = f.spec().hidden();
     let mut rng = StdRng::seed_from_u64(seed);
     let x = values(&mut rng, rows * h, 1.0);
     let mut out = vec![0f32; x.len()];
@@ -36,7 +36,7 @@ fn calibrate(f: &InputSparseFfn, rows: usize, seed: u64) -> InputScores {
 /// The relative squared output error of `fractions` on the samples, through the public API.
 fn error(f: &mut InputSparseFfn, scores: &InputScores, fractions: [f64; 3]) -> f64 {
     let x = &scores.samples;
-    let rows = x.len() / f.spec().hidden;
+    let rows = x.len() / f.spec().hidden();
     let run = |f: &mut InputSparseFfn, t: InputThresholds| {
         f.set_rule(InputScore::Magnitude, t).unwrap();
         let mut y = vec![0f32; x.len()];
@@ -60,10 +60,10 @@ fn samples_are_every_nth_row_up_to_the_cap() {
     assert_eq!(s.rows, 40);
     assert_eq!(
         s.samples.len(),
-        40usize.div_ceil(SAMPLE_EVERY as usize) * spec.hidden
+        40usize.div_ceil(SAMPLE_EVERY as usize) * spec.hidden()
     );
     let s = calibrate(&f, 8 * MAX_SAMPLES + 100, 3);
-    assert_eq!(s.samples.len(), MAX_SAMPLES * spec.hidden);
+    assert_eq!(s.samples.len(), MAX_SAMPLES * spec.hidden());
 }
 
 #[test]

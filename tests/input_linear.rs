@@ -9,7 +9,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::*;
 use powerinfer::cpu::QuantizedRow;
-use powerinfer::{InputSparseLinear, QLinear, SimdLevel};
+use powerinfer::{cpu::SimdLevel, layers::InputSparseLinear, layers::QLinear};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 

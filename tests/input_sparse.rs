@@ -9,8 +9,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::*;
 use powerinfer::{
-    dense_reference, Activation, ColumnStorage, FfnSpec, FfnWeights, InputScore, InputSparseFfn,
-    InputThresholds, QLinear, SimdLevel,
+    cpu::ColumnStorage, cpu::SimdLevel, dense_reference, layers::QLinear, Activation, FfnSpec,
+    FfnWeights, InputScore, InputSparseFfn, InputThresholds,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
@@ -133,7 +133,7 @@ proptest! {
 #[test]
 fn prompt_rows_are_each_row_alone() {
     let check = |f: &InputSparseFfn, x: &[f32], rows: usize, what: &str| {
-        let h = f.spec().hidden;
+        let h = f.spec().hidden();
         let mut all = vec![0f32; rows * h];
         f.forward_f32(x, rows, &mut all).unwrap();
         let mut one = vec![0f32; h];
@@ -166,7 +166,7 @@ fn prompt_rows_are_each_row_alone() {
                         .unwrap();
                 for (score, rows) in [(InputScore::Magnitude, 13), (InputScore::Wina, 7)] {
                     f.set_rule(score, th).unwrap();
-                    let x = flat(&tensor(&mut rng, &[rows, spec.hidden], 1.0));
+                    let x = flat(&tensor(&mut rng, &[rows, spec.hidden()], 1.0));
                     check(
                         &f,
                         &x,
@@ -358,7 +358,7 @@ fn var_builder_load_is_from_weights() {
             thresholds: th,
             ..Default::default()
         };
-        let f = InputSparseFfn::load(spec.activation, vb.pp("mlp"), opts).unwrap();
+        let f = InputSparseFfn::load(spec.activation(), vb.pp("mlp"), opts).unwrap();
         assert_eq!(*f.spec(), spec, "sizes and gating from the weights");
         assert_eq!((f.score(), f.thresholds()), (InputScore::Wina, th));
 
@@ -390,7 +390,7 @@ fn var_builder_load_is_from_weights() {
 
         m.remove(&format!("{}.weight", names[2]));
         let vb = VarBuilder::from_tensors(m, dtype, &Device::Cpu);
-        let err = InputSparseFfn::load(spec.activation, vb.pp("mlp"), opts).unwrap_err();
+        let err = InputSparseFfn::load(spec.activation(), vb.pp("mlp"), opts).unwrap_err();
         let missing = format!("{}.weight", names[2]);
         assert!(
             matches!(err.kind(), ErrorKind::MissingTensor { name } if *name == missing),

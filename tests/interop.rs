@@ -10,8 +10,8 @@ use candle_core::{DType, Module, Tensor};
 use common::tensor;
 use powerinfer::format::{read_gpuidx, GgufMagic, PowerInferFile};
 use powerinfer::{
-    Activation, ErrorKind, FfnSpec, FfnWeights, HybridFfn, HybridOptions, LayerPlacement, Oracle,
-    RowRms, WeightDType,
+    predict::Oracle, predict::RowRms, tier::LayerPlacement, Activation, ErrorKind, FfnSpec,
+    FfnWeights, HybridFfn, HybridOptions, WeightDType,
 };
 use rand::{rngs::StdRng, SeedableRng};
 

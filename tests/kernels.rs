@@ -2,7 +2,7 @@
 
 use half::{bf16, f16};
 use powerinfer::cpu::Kernels;
-use powerinfer::SimdLevel;
+use powerinfer::cpu::SimdLevel;
 use proptest::prelude::*;
 
 fn naive_dot(w: &[f64], x: &[f32]) -> f64 {
@@ -163,11 +163,11 @@ fn env_override_parses_and_rejects() {
 
 mod quantized {
     use half::f16;
+    use powerinfer::cpu::SimdLevel;
     use powerinfer::cpu::{
         dequantize_row, dequantize_split_row, quantize_row_q8_0, split_row, Kernels, QuantKind,
         QuantizedRow, QK,
     };
-    use powerinfer::SimdLevel;
     use proptest::prelude::*;
 
     /// Random blocks of `kind` with finite f16 scales (raw bytes, as a GGUF file holds them).

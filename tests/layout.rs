@@ -50,19 +50,62 @@ fn module_deps() -> BTreeMap<String, BTreeSet<String>> {
             .to_string_lossy();
         let module = first.trim_end_matches(".rs").to_string();
         let text = std::fs::read_to_string(&f).unwrap();
-        for line in text.lines().map(str::trim).filter(|l| !l.starts_with("//")) {
-            for (i, _) in line.match_indices("crate::") {
-                let name: String = line[i + 7..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != module {
-                    deps.entry(module.clone()).or_default().insert(name);
-                }
+        let code: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for name in crate_paths(&code) {
+            if name != module {
+                deps.entry(module.clone()).or_default().insert(name);
             }
         }
     }
     deps
+}
+
+/// The top-level modules `code` names after `crate::`: `crate::m::X` and every entry of a group,
+/// `crate::{m::X, n::{Y, Z}}` (over several lines too). Root items (`crate::Error`) name none.
+fn crate_paths(code: &str) -> Vec<String> {
+    let module = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + 7..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // The group's top-level entries, up to its closing brace.
+            let (mut depth, mut start) = (0usize, 0usize);
+            for (j, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        out.push(module(&group[start..j]));
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.push(module(&group[start..j]));
+                        start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.push(module(rest));
+        }
+    }
+    out.retain(|m| !m.is_empty());
+    out
+}
+
+#[test]
+fn crate_paths_read_groups() {
+    let code = "use crate::cpu::Pool;\nuse crate::{\n    error::Result,\n    ffn::{FfnSpec, NeuronBundles},\n    Error,\n};";
+    assert_eq!(crate_paths(code), ["cpu", "error", "ffn"]);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use common::*;
 use powerinfer::cpu::{QuantizedRow, PACK};
-use powerinfer::{ErrorKind, QLinear, SimdLevel};
+use powerinfer::{cpu::SimdLevel, layers::QLinear, ErrorKind};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 

@@ -4,7 +4,9 @@ mod common;
 
 use candle_core::{DType, Device, Module, Tensor};
 use common::*;
-use powerinfer::{plan_placement, Activation, FfnSpec, HybridFfn, HybridOptions, WeightDType};
+use powerinfer::{
+    tier::plan_placement, Activation, FfnSpec, HybridFfn, HybridOptions, WeightDType,
+};
 use proptest::prelude::*;
 
 proptest! {
@@ -115,7 +117,7 @@ fn force_dense_and_dense_prefill_bypass_the_predictor() {
     };
     let ffn = HybridFfn::from_weights(spec, w.view(), WeightDType::F32, opts)
         .unwrap()
-        .with_predictor(powerinfer::Oracle::new(vec![vec![1, 2]]));
+        .with_predictor(powerinfer::predict::Oracle::new(vec![vec![1, 2]]));
     let x1 = Tensor::ones((1, 16), DType::F32, &Device::Cpu).unwrap();
     ffn.forward(&x1).unwrap();
     assert_eq!(ffn.last_active(), 2);

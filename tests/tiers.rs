@@ -12,9 +12,9 @@ use std::sync::Arc;
 use candle_core::{Module, Tensor};
 use common::*;
 use powerinfer::{
-    Activation, ActiveSet, ErrorKind, FastTier, FfnSpec, GateFirst, HybridFfn, HybridOptions,
-    LayerPlacement, NeuronBundles, NeuronCache, Oracle, ReferenceTier, TierBudget, TierCall,
-    TierCounters, WeightDType,
+    predict::ActiveSet, predict::Oracle, tier::FastTier, tier::LayerPlacement, tier::NeuronCache,
+    tier::ReferenceTier, tier::TierBudget, tier::TierCall, tier::TierCounters, Activation,
+    ErrorKind, FfnSpec, GateFirst, HybridFfn, HybridOptions, NeuronBundles, WeightDType,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
@@ -472,8 +472,8 @@ fn detach_restores_the_cpu_path() {
 
 /// `masked_reference` with one set for every row.
 fn oracle_reference(x: &Tensor, spec: &FfnSpec, b: &NeuronBundles, set: &[u32]) -> Tensor {
-    let rows = x.elem_count() / spec.hidden;
-    let mut row = vec![false; spec.intermediate];
+    let rows = x.elem_count() / spec.hidden();
+    let mut row = vec![false; spec.intermediate()];
     set.iter().for_each(|&i| row[i as usize] = true);
     masked_reference(x, spec, b, Some(&vec![row; rows]))
 }

@@ -3,7 +3,9 @@
 
 use candle_core::{Device, Module, Tensor};
 use powerinfer::analysis::{predictor_bytes, train_low_rank, Samples, TrainOptions};
-use powerinfer::{Activation, FfnSpec, FfnWeights, HybridFfn, HybridOptions, Oracle, WeightDType};
+use powerinfer::{
+    predict::Oracle, Activation, FfnSpec, FfnWeights, HybridFfn, HybridOptions, WeightDType,
+};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const HIDDEN: usize = 64;

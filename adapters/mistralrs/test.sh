@@ -47,7 +47,7 @@ step "greedy, GGUF: unpatched mistral.rs = dense MLP; every neuron; the artifact
 "$bin/powerinfer-mistralrs-baseline" "$model" 48 > "$work/baseline.jsonl"
 "$bin/powerinfer-mistralrs" compare --model "$model" --max-tokens 48 \
     --baseline "$work/baseline.jsonl" --min-prefix 8 --strict-input \
-    --powerinfer "$work/smollm2.powerinfer"
+    --powerinfer "predictors:$work/smollm2.powerinfer"
 
 step "the artifact's input rule through mistral.rs: decode speed against the dense MLP"
 "$bin/powerinfer-mistralrs" bench --model "$model" --runs 3 --max-tokens 48 \
@@ -58,5 +58,5 @@ step "tests of the patch"
 
 step "OpenAI-compatible server on loopback"
 "$bin/powerinfer-mistralrs" serve --model "$model" --port 0 --check \
-    --powerinfer "$work/smollm2.powerinfer"
+    --powerinfer "predictors:$work/smollm2.powerinfer"
 echo; echo "mistral.rs integration: all checks passed"

@@ -1,9 +1,10 @@
 //! Attention for one query position over a KV cache, in candle's order.
 //!
-//! The fused decoder must compute what the reference model computes, and candle 0.10 runs attention
-//! through its CPU matmul (the `gemm` crate: 8-lane f32 kernels on x86, whose AVX-512 kernels are
-//! behind a feature candle does not enable) and its softmax. This module reproduces their
-//! summation orders for one query row, so a decode step's attention gives candle's bits:
+//! The fused decoder must compute what the reference model computes, and candle (0.10 and 0.11
+//! alike) runs attention through its CPU matmul (the `gemm` crate: 8-lane f32 kernels on x86,
+//! whose AVX-512 kernels are behind a feature candle does not enable) and its softmax. This
+//! module reproduces their summation orders for one query row, so a decode step's attention
+//! gives candle's bits:
 //! - a score `q . k` over up to 256 positions is gemm's horizontal kernel: 8 lane accumulators,
 //!   fused multiply-adds chunk by chunk (the last chunk zero-padded), then the AVX2 reduction tree;
 //!   over more positions, gemm's row-major matrix-vector kernel: 8 groups of 8 lane accumulators
@@ -143,7 +144,7 @@ fn fill_scores(
 /// Attention for one query position of the `q.len() / head_dim` query heads sharing one KV head,
 /// over `kv.positions` cached positions: scaled scores into `scores` (`heads * positions`), a
 /// softmax per head, and the weighted sum of values into `out` (`q.len()`), every sum in the
-/// order candle 0.10's CPU attention uses for one query row (see the module docs), so the bits
+/// order candle's CPU attention uses for one query row (see the module docs), so the bits
 /// are candle's on every CPU tier. A typed error names a slice that is too short; nothing is read
 /// out of bounds.
 pub fn attend(

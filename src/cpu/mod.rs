@@ -1,5 +1,9 @@
 //! CPU kernels: row kernels per SIMD level, the persistent pool, and the sparse FFN tier.
 //!
+//! **Unstable.** These are the engine's building blocks, public so the adapters, benchmarks and
+//! fuzzers can reach them; their types and signatures follow the engine's needs and may change in
+//! any release. The FFN blocks at the crate root are the API to build on.
+//!
 //! The only module (with its children) that contains `unsafe`: SIMD intrinsics behind run-time
 //! detection, and the pool's hand-off of borrowed jobs to worker threads.
 

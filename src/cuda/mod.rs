@@ -271,7 +271,7 @@ impl CudaTier {
     }
 
     /// Keeps every cached neuron used in the last `window` calls (see
-    /// [`crate::NeuronCache::with_window`]); the default is 1.
+    /// [`crate::tier::NeuronCache::with_window`]); the default is 1.
     pub fn with_cache_window(self, window: u64) -> Result<Self> {
         self.residency.set_window(window)?;
         Ok(self)

@@ -19,20 +19,37 @@ mod dtype;
 
 pub use dtype::WeightDType;
 
-/// Shape and kind of one FFN block.
+/// Shape and kind of one FFN block. Built only through its checking constructors, so every
+/// value holds: both sizes at least 1, dReLU only gated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FfnSpec {
-    /// Model (hidden) size: the length of the input and output rows.
-    pub hidden: usize,
-    /// Number of FFN neurons (intermediate size).
-    pub intermediate: usize,
-    /// The activation.
-    pub activation: Activation,
-    /// `down(act(gate x) * up x)` when true, `down(act(up x))` when false.
-    pub gated: bool,
+    pub(crate) hidden: usize,
+    pub(crate) intermediate: usize,
+    pub(crate) activation: Activation,
+    pub(crate) gated: bool,
 }
 
 impl FfnSpec {
+    /// Model (hidden) size: the length of the input and output rows.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// Number of FFN neurons (intermediate size).
+    pub fn intermediate(&self) -> usize {
+        self.intermediate
+    }
+
+    /// The activation.
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    /// `down(act(gate x) * up x)` when true, `down(act(up x))` when false.
+    pub fn is_gated(&self) -> bool {
+        self.gated
+    }
+
     /// A gated FFN, `down(act(gate x) * up x)` (Llama, Mistral, Qwen, SmolLM), checked: both
     /// sizes at least 1.
     pub fn gated(hidden: usize, intermediate: usize, activation: Activation) -> Result<Self> {

@@ -10,18 +10,18 @@
 
 mod budget;
 mod cache;
-mod neurons;
 mod place;
 mod reference;
+mod sparsity;
 mod tier;
 
 pub use budget::{Reservation, TierBudget};
 #[cfg(feature = "cuda")]
 pub(crate) use cache::Residency;
 pub use cache::{CacheFill, NeuronCache};
-pub use neurons::Neurons;
 pub use place::{plan_placement, LayerPlacement, Placement};
 pub use reference::ReferenceTier;
+pub use sparsity::{Neurons, Sparsity};
 pub use tier::{FastTier, TierCall, TierCounters};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

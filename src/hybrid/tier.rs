@@ -66,7 +66,7 @@ impl std::ops::AddAssign for TierCounters {
 }
 
 /// A place other than the CPU pool where a layer's neurons are computed: a GPU holding the hot
-/// neurons' weights in its memory, or [`crate::ReferenceTier`].
+/// neurons' weights in its memory, or [`crate::tier::ReferenceTier`].
 ///
 /// Implementations hold a fixed set of neurons (the placement's hot set) plus, optionally, a
 /// cache of cold neurons that changes between calls through [`FastTier::observe`]. A

@@ -35,10 +35,10 @@ pub struct Weights {
 impl Weights {
     pub fn random(spec: &FfnSpec, seed: u64) -> Weights {
         let mut rng = StdRng::seed_from_u64(seed);
-        let (h, n) = (spec.hidden, spec.intermediate);
+        let (h, n) = (spec.hidden(), spec.intermediate());
         let s = 1.0 / (h as f32).sqrt();
         Weights {
-            gate: spec.gated.then(|| tensor(&mut rng, &[n, h], s)),
+            gate: spec.is_gated().then(|| tensor(&mut rng, &[n, h], s)),
             up: tensor(&mut rng, &[n, h], s),
             down: tensor(&mut rng, &[h, n], 1.0 / (n as f32).sqrt()),
         }
@@ -62,18 +62,18 @@ pub fn masked_reference(
 ) -> Tensor {
     let (gate, up, down) = b.to_dense_f32().unwrap();
     let x = x.to_dtype(DType::F32).unwrap();
-    let rows = x.elem_count() / spec.hidden;
-    let x2 = x.reshape((rows, spec.hidden)).unwrap();
+    let rows = x.elem_count() / spec.hidden();
+    let x2 = x.reshape((rows, spec.hidden())).unwrap();
     let u = x2.matmul(&up.t().unwrap()).unwrap();
     let h = match &gate {
         Some(g) => {
             let g = x2.matmul(&g.t().unwrap()).unwrap();
-            match spec.activation {
+            match spec.activation() {
                 Activation::DRelu => (g.relu().unwrap() * u.relu().unwrap()).unwrap(),
                 a => (g.apply(&a.to_candle()).unwrap() * u).unwrap(),
             }
         }
-        None => u.apply(&spec.activation.to_candle()).unwrap(),
+        None => u.apply(&spec.activation().to_candle()).unwrap(),
     };
     let h = match mask {
         Some(m) => {
@@ -81,7 +81,7 @@ pub fn masked_reference(
                 .iter()
                 .flat_map(|r| r.iter().map(|&b| if b { 1.0 } else { 0.0 }))
                 .collect();
-            let m = Tensor::from_vec(flat, (rows, spec.intermediate), &Device::Cpu).unwrap();
+            let m = Tensor::from_vec(flat, (rows, spec.intermediate()), &Device::Cpu).unwrap();
             (h * m).unwrap()
         }
         None => h,
@@ -218,7 +218,7 @@ pub fn quantized(x: &[f32]) -> QuantizedRow {
 }
 
 /// `x` quantized as `l` takes its input (any block type).
-pub fn quantized_for(l: &powerinfer::QLinear, x: &[f32]) -> QuantizedRow {
+pub fn quantized_for(l: &powerinfer::layers::QLinear, x: &[f32]) -> QuantizedRow {
     let mut q = QuantizedRow::default();
     q.quantize_for(x, l.inputs());
     q

@@ -55,6 +55,7 @@ fn main() -> Res<()> {
         threads: 2,
         attention: false,
         up_rows: false,
+        artifact: None,
     };
     let (mut llama, tok) = powerinfer_candle::open(&model, &mode)?;
     let calibration = speeches(&tok, &dir, 1990..=1999, 4096)?;

@@ -196,7 +196,7 @@ pub fn model_sha256(path: &Path) -> Result<String> {
                 || p.file_name().is_some_and(|n| n == "config.json")
         })
         .collect();
-    Ok(powerinfer::model_sha256(&files)?)
+    Ok(powerinfer::format::model_sha256(&files)?)
 }
 
 /// The storage the hybrid FFN uses for a model by default (`FfnMode::Hybrid { storage: None }`):

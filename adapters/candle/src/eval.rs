@@ -3,8 +3,8 @@
 use candle_core::D;
 use powerinfer::analysis::{ActivationStats, Histogram};
 use powerinfer::{
-    ChessRule, GateFirst, GreedyPath, InputScore, InputScores, InputSparseFfn, InputSparseLinear,
-    InputThresholds, WeightTraffic,
+    input_rule::ChessRule, input_rule::GreedyPath, layers::InputSparseLinear, GateFirst,
+    InputScore, InputScores, InputSparseFfn, InputThresholds, WeightTraffic,
 };
 
 use crate::error::{check_count, ErrorKind, Result};

@@ -27,7 +27,7 @@
 use std::sync::Arc;
 
 use powerinfer::cpu::{attend, KvRows, Pool, QuantizedRow};
-use powerinfer::{HybridFfn, QLinear, RowRms};
+use powerinfer::{layers::QLinear, predict::RowRms, HybridFfn};
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};

@@ -42,7 +42,7 @@ impl GgufFile {
         let w = self.tensor(&format!("{name}.weight"))?;
         let b = self.bias(name)?;
         if let Some(t) = powerinfer_threads {
-            if let Ok(l) = powerinfer::QLinear::new(&w, b.as_ref(), t) {
+            if let Ok(l) = powerinfer::layers::QLinear::new(&w, b.as_ref(), t) {
                 return Ok(Linear::Powerinfer(std::sync::Arc::new(l)));
             }
         }
@@ -67,10 +67,14 @@ impl GgufFile {
         prefix: &str,
         parts: &[&str],
         threads: usize,
-    ) -> Result<powerinfer::QLinear> {
+    ) -> Result<powerinfer::layers::QLinear> {
         let (ws, bias) = self.stacked_parts(prefix, parts)?;
         let refs: Vec<_> = ws.iter().collect();
-        Ok(powerinfer::QLinear::stacked(&refs, bias.as_ref(), threads)?)
+        Ok(powerinfer::layers::QLinear::stacked(
+            &refs,
+            bias.as_ref(),
+            threads,
+        )?)
     }
 
     /// As [`GgufFile::stacked`], as an `InputSparseLinear` (column-major, threshold 0).
@@ -79,10 +83,10 @@ impl GgufFile {
         prefix: &str,
         parts: &[&str],
         threads: usize,
-    ) -> Result<powerinfer::InputSparseLinear> {
+    ) -> Result<powerinfer::layers::InputSparseLinear> {
         let (ws, bias) = self.stacked_parts(prefix, parts)?;
         let refs: Vec<_> = ws.iter().collect();
-        Ok(powerinfer::InputSparseLinear::from_qtensors(
+        Ok(powerinfer::layers::InputSparseLinear::from_qtensors(
             &refs,
             bias.as_ref(),
             threads,

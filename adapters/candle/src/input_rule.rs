@@ -2,7 +2,10 @@
 //! into the artifact's [`InputRuleMeta`], and set one on a model ([`Llama::apply_input_rule`]).
 
 use powerinfer::analysis::Histogram;
-use powerinfer::{split_target, AttentionRuleMeta, InputRuleMeta, InputScore, InputThresholds};
+use powerinfer::{
+    format::AttentionRuleMeta, format::InputRuleMeta, input_rule::split_target, InputScore,
+    InputThresholds,
+};
 
 use crate::error::Result;
 use crate::model::Llama;

@@ -1,6 +1,6 @@
 //! # powerinfer-candle
 //!
-//! Llama-family models (Llama, Mistral, Qwen2, SmolLM) written against candle 0.10 whose FFN is
+//! Llama-family models (Llama, Mistral, Qwen2, SmolLM) written against candle 0.11 whose FFN is
 //! either candle's dense FFN (the reference) or `powerinfer::HybridFfn`. Loads GGUF files and HF
 //! safetensors directories, builds the tokenizer from GGUF metadata or `tokenizer.json`, and
 //! generates with candle-transformers' sampler.
@@ -67,7 +67,7 @@ pub use input_rule::InputRuleOptions;
 pub use load::{load_gguf, load_safetensors, FfnMode};
 pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
 pub use pipeline::{analyze, Analysis, AnalyzeOptions, Progress};
-pub use powerinfer::Neurons;
+pub use powerinfer::{Neurons, Sparsity};
 pub use tiers::{TierKind, TierOptions, TierReport};
 pub use tokenizer::TextTokenizer;
 

@@ -1,15 +1,15 @@
 //! Loading llama-family models: GGUF files (FFN kept in its GGUF quantization for the dense
 //! path) and HF safetensors directories (`config.json` + `*.safetensors`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use powerinfer::{
-    All, ColumnStorage, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions, InputSparseFfn,
-    NeuronBundles, Neurons, WeightDType,
+    cpu::ColumnStorage, All, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions,
+    InputSparseFfn, NeuronBundles, Neurons, Sparsity, WeightDType,
 };
 
 use crate::config::LlamaConfig;
@@ -41,20 +41,23 @@ pub enum FfnMode {
         threads: usize,
     },
     /// `powerinfer::InputSparseFfn` on the file's blocks (column-major, exact) and the whole
-    /// model on the fused decoder, like [`FfnMode::Fused`]. Every threshold starts at 0 (the
-    /// dense result); set the rule with [`crate::Llama::set_input_rule`], calibrated with
-    /// [`crate::Llama::record_input_scores`].
+    /// model on the fused decoder, like [`FfnMode::Fused`]. Without an artifact every threshold
+    /// starts at 0 (the dense result); set a rule later with [`crate::Llama::set_input_rule`],
+    /// calibrated with [`crate::Llama::record_input_scores`].
     InputSparse {
         /// Threads of the pool (the calling thread included).
         threads: usize,
         /// The attention projections (q/k/v stacked, o) on input-sparse columns too
-        /// (`powerinfer::InputSparseLinear`, GGUF only); their thresholds start at 0, set with
+        /// (`powerinfer::layers::InputSparseLinear`, GGUF only); their thresholds start at 0, set with
         /// [`crate::Llama::set_attention_rule`].
         attention: bool,
         /// Up kept as the file's rows instead of columns, for the CHESS rule (gate first, then
         /// up and down only for the neurons it keeps; GGUF only; up then has no input
         /// threshold): set it with [`crate::Llama::set_chess_rules`].
         up_rows: bool,
+        /// A `.powerinfer` artifact (format version 2) whose calibrated input rule is installed
+        /// while loading, after checking it was made from this model file.
+        artifact: Option<PathBuf>,
     },
     /// `powerinfer::HybridFfn`.
     Hybrid {
@@ -62,9 +65,8 @@ pub enum FfnMode {
         /// and Q8_0 blocks kept byte for byte, down rows re-quantized to Q8_0; other files f16).
         storage: Option<WeightDType>,
         /// Which neurons run: [`Neurons::All`], [`Neurons::GateFirst`] (one threshold for every
-        /// layer), or [`Neurons::Artifact`] (the artifact is read, checked against the model
+        /// layer), or [`Neurons::Predictors`] (the artifact is read, checked against the model
         /// file, and its predictors and placement installed in every layer while loading).
-        /// [`Neurons::Input`] is [`FfnMode::InputSparse`]'s job and an error here.
         predictor: Neurons,
         /// Threads, SIMD level, prefill policy.
         options: HybridOptions,
@@ -78,6 +80,38 @@ pub enum FfnMode {
 }
 
 impl FfnMode {
+    /// The FFN type a [`Sparsity`] names, on `threads` threads, with the defaults of the rest:
+    /// [`Sparsity::Neurons`] is [`FfnMode::Hybrid`] (storage as the file stores it, powerinfer's
+    /// linear layers), [`Sparsity::Input`] is [`FfnMode::InputSparse`] (attention dense, up by
+    /// column). An artifact it names is installed while loading.
+    ///
+    /// ```
+    /// use powerinfer_candle::FfnMode;
+    ///
+    /// let mode = FfnMode::sparse("input:smollm2.powerinfer".parse()?, 2);
+    /// assert!(matches!(mode, FfnMode::InputSparse { threads: 2, artifact: Some(_), .. }));
+    /// # Ok::<(), powerinfer::Error>(())
+    /// ```
+    pub fn sparse(sparsity: Sparsity, threads: usize) -> Self {
+        match sparsity {
+            Sparsity::Neurons(predictor) => FfnMode::Hybrid {
+                storage: None,
+                predictor,
+                options: HybridOptions {
+                    threads,
+                    ..HybridOptions::default()
+                },
+                powerinfer_linears: true,
+            },
+            Sparsity::Input(artifact) => FfnMode::InputSparse {
+                threads,
+                attention: false,
+                up_rows: false,
+                artifact,
+            },
+        }
+    }
+
     /// The hybrid FFN with `GateFirst` at `threshold`, native storage, default options.
     pub fn gate_first(threshold: f32) -> Self {
         FfnMode::Hybrid {
@@ -117,15 +151,8 @@ fn hybrid_ffn(
     let ffn = HybridFfn::new(bundles(spec, *storage)?, opts)?;
     Ok(Ffn::Hybrid(Box::new(match predictor {
         // An artifact's predictors replace `All` once every layer is built.
-        Neurons::All | Neurons::Artifact { .. } => ffn.with_predictor(All),
+        Neurons::All | Neurons::Predictors { .. } => ffn.with_predictor(All),
         Neurons::GateFirst(threshold) => ffn.with_predictor(GateFirst::new(*threshold)?),
-        Neurons::Input(_) => {
-            return Err(powerinfer::Error::config(
-                "predictor",
-                "Neurons::Input is the input-sparse FFN: load with FfnMode::InputSparse",
-            )
-            .into())
-        }
     })))
 }
 
@@ -178,19 +205,39 @@ pub fn load_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     install_artifact(model?, mode, &path)
 }
 
-/// With [`Neurons::Artifact`]: reads the artifact, checks it was made from `model_path`, and
-/// installs its predictors and placement in every layer.
+/// With an artifact in `mode`: reads it, checks it was made from `model_path`, and installs its
+/// predictors and placement ([`Neurons::Predictors`]) or its input rule
+/// ([`FfnMode::InputSparse`]) in every layer.
 fn install_artifact(mut model: Llama, mode: &FfnMode, model_path: &Path) -> Result<Llama> {
-    if let FfnMode::Hybrid {
-        predictor: Neurons::Artifact {
-            path,
-            predictor_sparsity,
-        },
-        ..
-    } = mode
-    {
-        let a = crate::load_artifact(path, model_path)?;
-        model.use_artifact(&a, *predictor_sparsity)?;
+    match mode {
+        FfnMode::Hybrid {
+            predictor:
+                Neurons::Predictors {
+                    artifact,
+                    predictor_sparsity,
+                },
+            ..
+        } => {
+            let a = crate::load_artifact(artifact, model_path)?;
+            model.use_artifact(&a, *predictor_sparsity)?;
+        }
+        FfnMode::InputSparse {
+            artifact: Some(artifact),
+            ..
+        } => {
+            let a = crate::load_artifact(artifact, model_path)?;
+            let rule = a.meta.input_rule.as_ref().ok_or_else(|| {
+                powerinfer::Error::config(
+                    "artifact",
+                    format!(
+                        "{} has no input rule (format version 1); rerun `powerinfer analyze`",
+                        artifact.display()
+                    ),
+                )
+            })?;
+            model.apply_input_rule(rule)?;
+        }
+        _ => {}
     }
     Ok(model)
 }
@@ -376,14 +423,15 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     // Fused: the LM head on our kernels, packed straight from the file; a tied embedding reads
     // the LM head's rows (held once).
     if let Some(t) = fused {
-        let packed = |g: &mut GgufFile, n: &str| -> Result<Option<Arc<powerinfer::QLinear>>> {
-            match g.packed(n)? {
-                Some(w) => Ok(Some(Arc::new(powerinfer::QLinear::from_packed(
-                    w, None, t,
-                )?))),
-                None => Ok(None),
-            }
-        };
+        let packed =
+            |g: &mut GgufFile, n: &str| -> Result<Option<Arc<powerinfer::layers::QLinear>>> {
+                match g.packed(n)? {
+                    Some(w) => Ok(Some(Arc::new(powerinfer::layers::QLinear::from_packed(
+                        w, None, t,
+                    )?))),
+                    None => Ok(None),
+                }
+            };
         let head = packed(gguf, head_name)?.ok_or_else(|| {
             powerinfer::Error::config("fused decoder", format!("`{head_name}` is not packable"))
         })?;
@@ -428,7 +476,7 @@ fn finish(
     layers: Vec<Layer>,
     norm_: RmsNorm,
     lm_head: Linear,
-    fused: Option<(Embed, Arc<powerinfer::QLinear>)>,
+    fused: Option<(Embed, Arc<powerinfer::layers::QLinear>)>,
 ) -> Result<Llama> {
     let norm_ = RmsNorm {
         eps: cfg.rms_eps as f32,

@@ -29,7 +29,7 @@ pub enum Linear {
         b: Option<Tensor>,
     },
     /// powerinfer's integer kernels (bias inside).
-    Powerinfer(std::sync::Arc<powerinfer::QLinear>),
+    Powerinfer(std::sync::Arc<powerinfer::layers::QLinear>),
 }
 
 impl Module for Linear {
@@ -167,9 +167,9 @@ pub(crate) enum Attention {
 #[derive(Debug)]
 pub(crate) enum Projection {
     /// Dense rows on our integer kernels.
-    Rows(Arc<powerinfer::QLinear>),
+    Rows(Arc<powerinfer::layers::QLinear>),
     /// Input-sparse columns (`FfnMode::InputSparse { attention: true }`).
-    Columns(Box<powerinfer::InputSparseLinear>),
+    Columns(Box<powerinfer::layers::InputSparseLinear>),
 }
 
 impl Projection {
@@ -266,7 +266,7 @@ pub struct Llama {
     pub(crate) logits_copy: Vec<f32>,
     /// Per layer, where a PowerInfer predictor with a non-zero threshold wants the pre-norm RMS
     /// of each row (see `pwri.rs`); empty otherwise.
-    pub(crate) pre_norm_rms: Vec<Option<powerinfer::RowRms>>,
+    pub(crate) pre_norm_rms: Vec<Option<powerinfer::predict::RowRms>>,
     /// The fused decoder, when every projection runs on powerinfer's kernels.
     pub(crate) decoder: Option<Decoder>,
     /// Layers ahead whose fast tiers prefetch their predicted neurons (0: none; see
@@ -397,10 +397,10 @@ impl Llama {
                 }
                 Ffn::Hybrid(h) => {
                     let (spec, dt) = (h.spec(), h.bundles().dtype());
-                    let rows = if spec.gated { 2 } else { 1 };
+                    let rows = if spec.is_gated() { 2 } else { 1 };
                     (
-                        rows * dt.row_bytes(spec.hidden) * spec.intermediate,
-                        dt.down().row_bytes(spec.hidden) * spec.intermediate,
+                        rows * dt.row_bytes(spec.hidden()) * spec.intermediate(),
+                        dt.down().row_bytes(spec.hidden()) * spec.intermediate(),
                     )
                 }
             };

@@ -10,8 +10,8 @@ use powerinfer::analysis::{
     QUANTILE_STEPS,
 };
 use powerinfer::{
-    plan_placement, Artifact, ArtifactMeta, CalibrationSummary, Error as EngineError, FfnSpec,
-    LayerMeta, LayerTensors,
+    format::ArtifactMeta, format::CalibrationSummary, format::LayerMeta, format::LayerTensors,
+    tier::plan_placement, Artifact, Error as EngineError, FfnSpec,
 };
 
 use crate::analyze::{model_sha256, native_storage, Sampling};
@@ -260,6 +260,7 @@ pub fn analyze(
                 threads: opts.threads,
                 attention: rule.attention > 0.0,
                 up_rows: false,
+                artifact: None,
             };
             match crate::open(path, &mode) {
                 Ok((mut m, _)) => Some(m.calibrate_input_rule(head, opts.ctx, rule)?),

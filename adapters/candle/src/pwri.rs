@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor, D};
 use powerinfer::format::{GgufMagic, PowerInferFile};
-use powerinfer::{Activation, LayerPlacement, RowRms};
+use powerinfer::{predict::RowRms, tier::LayerPlacement, Activation};
 
 use crate::config::LlamaConfig;
 use crate::error::{check_count, Error, Result};
@@ -94,7 +94,7 @@ impl Llama {
     /// `powerinfer.sparse_threshold` (0 when absent).
     ///
     /// PowerInfer feeds its llama predictors the residual stream before the FFN norm; each layer
-    /// gets a `powerinfer::PreNormLowRank` built with that layer's norm weight, and for a
+    /// gets a `powerinfer::predict::PreNormLowRank` built with that layer's norm weight, and for a
     /// non-zero threshold the model hands it each row's pre-norm RMS on every forward call, so
     /// the active set is PowerInfer's rule `fc2 relu(fc1 u) >= threshold`, exactly.
     ///

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use powerinfer::analysis::ActivationStats;
 use powerinfer::{
-    plan_placement, FastTier, LayerPlacement, NeuronBundles, ReferenceTier, TierBudget,
-    TierCounters,
+    tier::plan_placement, tier::FastTier, tier::LayerPlacement, tier::ReferenceTier,
+    tier::TierBudget, tier::TierCounters, NeuronBundles,
 };
 
 use crate::error::{check_count, Result};
@@ -56,7 +56,7 @@ pub enum TierKind {
         /// Threads per layer.
         threads: usize,
     },
-    /// [`powerinfer::CudaTier`] on CUDA device `ordinal` (builds with the `cuda` feature; in
+    /// [`powerinfer::tier::CudaTier`] on CUDA device `ordinal` (builds with the `cuda` feature; in
     /// other builds, and without a device, every layer stays on the CPU with a warning).
     Cuda {
         /// The device.
@@ -119,7 +119,7 @@ impl Builder {
         match kind {
             TierKind::Reference { threads } => Ok(Builder::Reference(threads)),
             #[cfg(feature = "cuda")]
-            TierKind::Cuda { ordinal } => powerinfer::cuda_device(ordinal)
+            TierKind::Cuda { ordinal } => powerinfer::tier::cuda_device(ordinal)
                 .map(Builder::Cuda)
                 .map_err(|e| e.to_string()),
             #[cfg(not(feature = "cuda"))]
@@ -134,7 +134,7 @@ impl Builder {
         match self {
             Builder::Reference(_) => ReferenceTier::neuron_bytes(b),
             #[cfg(feature = "cuda")]
-            Builder::Cuda(_) => powerinfer::CudaTier::neuron_bytes(b),
+            Builder::Cuda(_) => powerinfer::tier::CudaTier::neuron_bytes(b),
         }
     }
 
@@ -144,7 +144,7 @@ impl Builder {
         match self {
             Builder::Reference(_) => 0,
             #[cfg(feature = "cuda")]
-            Builder::Cuda(_) => powerinfer::CudaTier::work_bytes(b, capacity),
+            Builder::Cuda(_) => powerinfer::tier::CudaTier::work_bytes(b, capacity),
         }
     }
 
@@ -162,7 +162,8 @@ impl Builder {
             ),
             #[cfg(feature = "cuda")]
             Builder::Cuda(dev) => Box::new(
-                powerinfer::CudaTier::new(dev, b, hot, slots, budget)?.with_cache_window(window)?,
+                powerinfer::tier::CudaTier::new(dev, b, hot, slots, budget)?
+                    .with_cache_window(window)?,
             ),
         })
     }
@@ -297,7 +298,7 @@ impl Llama {
             .collect();
         let mut buffers = 0u64;
         for (&l, &p) in tiered.iter().zip(&per) {
-            let (b, n) = (hybrids[l].bundles(), hybrids[l].spec().intermediate);
+            let (b, n) = (hybrids[l].bundles(), hybrids[l].spec().intermediate());
             check_count(
                 &format!("layer {l} neuron frequencies"),
                 n,
@@ -315,7 +316,7 @@ impl Llama {
         } else {
             tiered
                 .iter()
-                .map(|&l| LayerPlacement::all_cold(hybrids[l].spec().intermediate))
+                .map(|&l| LayerPlacement::all_cold(hybrids[l].spec().intermediate()))
                 .collect()
         };
         let hot_bytes: u64 = hot
@@ -329,7 +330,7 @@ impl Llama {
             let h = &mut hybrids[l];
             h.set_placement(placement)?;
             let slots = (cache_bytes / tiered.len() as u64 / p) as usize;
-            let slots = slots.min(h.spec().intermediate - h.placement().hot().len());
+            let slots = slots.min(h.spec().intermediate() - h.placement().hot().len());
             if h.placement().hot().is_empty() && slots == 0 {
                 continue;
             }
@@ -342,7 +343,7 @@ impl Llama {
                 }
                 Err(e) => {
                     tracing::warn!("layer {l}: no fast tier ({e}); it runs on the CPU");
-                    h.set_placement(LayerPlacement::all_cold(h.spec().intermediate))?;
+                    h.set_placement(LayerPlacement::all_cold(h.spec().intermediate()))?;
                     failed.push(format!("layer {l}: {e}"));
                 }
             }
@@ -359,7 +360,7 @@ impl Llama {
     pub fn full_tier_bytes(&self, kind: TierKind, force_dense_layers: &[usize]) -> u64 {
         let per = |b: &NeuronBundles| match kind {
             #[cfg(feature = "cuda")]
-            TierKind::Cuda { .. } => powerinfer::CudaTier::neuron_bytes(b),
+            TierKind::Cuda { .. } => powerinfer::tier::CudaTier::neuron_bytes(b),
             _ => ReferenceTier::neuron_bytes(b),
         };
         self.layers
@@ -367,7 +368,7 @@ impl Llama {
             .enumerate()
             .filter(|(l, _)| !force_dense_layers.contains(l))
             .map(|(_, layer)| match &layer.ffn {
-                Ffn::Hybrid(h) => per(h.bundles()) * h.spec().intermediate as u64,
+                Ffn::Hybrid(h) => per(h.bundles()) * h.spec().intermediate() as u64,
                 _ => 0,
             })
             .sum()

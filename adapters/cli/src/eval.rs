@@ -8,6 +8,7 @@ use powerinfer_candle::FfnMode;
 use serde_json::json;
 
 use crate::analyze::picture_stem;
+use crate::args::InputRule;
 use crate::common::{
     load, load_sparse, mean, model_path, spinner, text_tokens, Scoring, Sparse, SparseSettings,
 };
@@ -117,7 +118,8 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     println!("dense perplexity {ppl_dense:.3}");
     let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
 
-    if let Some(rules) = &a.input_rules {
+    if !a.input_rules.is_empty() {
+        let rules = &a.input_rules;
         return input_sweep(a, &path, &settings, rules, &text, ppl_dense, scoring);
     }
     if settings.artifact.is_none() && !settings.h_rule {
@@ -272,12 +274,11 @@ fn input_sweep(
     a: &EvalArgs,
     path: &std::path::Path,
     settings: &SparseSettings,
-    rules: &str,
+    rules: &[InputRule],
     text: &[u32],
     ppl_dense: f64,
     scoring: Scoring,
 ) -> Result<()> {
-    let rules = crate::input::parse_rules(rules)?;
     let targets = &a.input_sweep;
     let split = a.input_split;
     let mut attention = a.input_attention.clone();
@@ -289,7 +290,7 @@ fn input_sweep(
     let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
     println!("rule  target  split     allocation (gate/up/down)  attention  calib ppl  held-out ppl  vs dense  FFN bytes skipped  projection bytes skipped");
     let mut series = Vec::new();
-    for &rule in &rules {
+    for &rule in rules {
         let im = match &mut models[usize::from(rule.up_rows())] {
             Some(im) => im,
             slot => {
@@ -367,9 +368,9 @@ fn input_sweep(
                 ""
             };
             let name = match rule {
-                crate::input::Rule::HOnly => "|h| on down only".to_string(),
-                crate::input::Rule::Chess => "chess (up rows, |h| on down)".to_string(),
-                crate::input::Rule::Input(sc) => format!("{} (gate, up, down)", sc.name()),
+                InputRule::H => "|h| on down only".to_string(),
+                InputRule::Chess => "chess (up rows, |h| on down)".to_string(),
+                InputRule::Teal | InputRule::Wina => format!("{} (gate, up, down)", rule.name()),
             };
             let att = if with_attention {
                 format!(", attention {:.0}%", att * 100.0)

@@ -4,11 +4,12 @@
 use anyhow::Result;
 use powerinfer::analysis::Histogram;
 use powerinfer::{
-    split_target, GreedyPath, InputRuleMeta, InputScore, InputScores, InputThresholds,
-    WeightTraffic,
+    format::InputRuleMeta, input_rule::split_target, input_rule::GreedyPath, InputScore,
+    InputScores, InputThresholds, WeightTraffic,
 };
 use powerinfer_candle::{FfnMode, InputRuleOptions};
 
+use crate::args::InputRule;
 use crate::common::{corpus_tokens, load, load_sparse, mean_sparsity, spinner, Loaded};
 
 /// Loads `path` for the input rule: the input-sparse FFN, and with `attention` (GGUF files only)
@@ -24,6 +25,7 @@ pub(crate) fn load_input(
             threads,
             attention,
             up_rows: false,
+            artifact: None,
         },
     )
 }
@@ -126,6 +128,7 @@ impl InputModel {
                 threads,
                 attention,
                 up_rows,
+                artifact: None,
             },
         )?;
         let calib = corpus_tokens(&m.tok, 1790..=1999, calibration)?;
@@ -224,21 +227,21 @@ impl InputModel {
     /// allocation: down drops `3 s`.
     pub fn choose(
         &mut self,
-        rule: Rule,
+        rule: InputRule,
         s: f64,
         split: Option<Split>,
         tokens: usize,
     ) -> Result<(Option<Split>, [f64; 3], f64)> {
         let text: Vec<u32> = self.calib.iter().copied().take(tokens).collect();
         let score = match rule {
-            Rule::HOnly => {
+            InputRule::H => {
                 let d = (3.0 * s).min(0.95);
                 self.set_h_only(d)?;
                 let p = self.m.model.perplexity(&text, self.ctx)?;
                 self.m.model.take_ffn_traffic();
                 return Ok((None, [0.0, 0.0, d], p));
             }
-            Rule::Chess => {
+            InputRule::Chess => {
                 let f = (1.5 * s).min(0.95);
                 self.set_h_only(f)?;
                 let scores = self.scores(InputScore::Magnitude)?.to_vec();
@@ -248,7 +251,8 @@ impl InputModel {
                 self.m.model.take_ffn_traffic();
                 return Ok((None, [0.0, f, f], p));
             }
-            Rule::Input(score) => score,
+            InputRule::Teal => InputScore::Magnitude,
+            InputRule::Wina => InputScore::Wina,
         };
         let candidates = split.map_or(SPLITS.to_vec(), |s| vec![s]);
         let mut best: Option<(Split, f64)> = None;
@@ -309,43 +313,20 @@ impl InputModel {
     }
 }
 
-/// A rule of the sweep: an input score with its allocation chosen on calibration text, or
-/// `|h|` on down alone (today's exact `|h|` thresholding, on the exact layout).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Rule {
-    /// Gate, up and down thresholded by this score.
-    Input(InputScore),
-    /// Only down, on `|h|`: gate and up read densely.
-    HOnly,
-    /// CHESS: gate read densely, up rows only for the neurons whose `|act(g_j)| E|u_j|` passes
-    /// (a fraction `1.5 s` skipped), `|h|` on down (`1.5 s`; the skipped neurons' `h` is 0).
-    Chess,
-}
-
-impl Rule {
+impl InputRule {
     /// Whether the rule needs up stored as rows.
-    pub fn up_rows(self) -> bool {
-        self == Rule::Chess
+    pub(crate) fn up_rows(self) -> bool {
+        self == InputRule::Chess
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
-            Rule::Input(s) => s.name(),
-            Rule::HOnly => "h",
-            Rule::Chess => "chess",
+            InputRule::Teal => "teal",
+            InputRule::Wina => "wina",
+            InputRule::H => "h",
+            InputRule::Chess => "chess",
         }
     }
-}
-
-/// Parses `teal,wina,h,chess`.
-pub(crate) fn parse_rules(s: &str) -> Result<Vec<Rule>> {
-    s.split(',')
-        .map(|r| match r.trim() {
-            "h" => Ok(Rule::HOnly),
-            "chess" => Ok(Rule::Chess),
-            r => Ok(Rule::Input(InputScore::from_name(r)?)),
-        })
-        .collect()
 }
 
 /// The rule `bench` and the demo run on `model`: the artifact's (`--powerinfer`, format version
@@ -477,7 +458,7 @@ pub(crate) fn load_default_sparse(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use powerinfer::GreedyStep;
+    use powerinfer::input_rule::GreedyStep;
 
     #[test]
     fn splits_parse_and_give_fractions() {

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-pub use args::{Budget, Storage};
+pub use args::{BenchMode, Budget, InputRule, Peer, Storage};
 pub use common::{load, Loaded, SparseSettings};
 pub use input::Split;
 pub use plots::{
@@ -221,13 +221,12 @@ pub struct BenchArgs {
     /// Also run a peer engine on the same file, threads and lengths, in the same run:
     /// `llama.cpp` (its `llama-bench`, built from a pinned source by `scripts/llama-bench.sh`
     /// on first use, about 10 minutes).
-    #[arg(long, value_name = "ENGINE")]
-    pub peer: Option<String>,
-    /// Which of our rows to run, comma-separated (candle, reference, dense, all, sparse, input).
-    /// By default every row the file can run (the others are skipped, saying why); a row named
-    /// here that cannot run is an error.
-    #[arg(long, default_value = bench::ALL_MODES)]
-    pub modes: String,
+    #[arg(long, value_enum, value_name = "ENGINE")]
+    pub peer: Option<Peer>,
+    /// Which of our rows to run, comma-separated. By default every row the file can run (the
+    /// others are skipped, saying why); a row named here that cannot run is an error.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub modes: Vec<BenchMode>,
     /// Also run the sparse model with a fast tier in every layer (`--tier`), one row per
     /// budget: a share of the FFN weights' bytes or bytes, comma-separated (e.g.
     /// `0%,25%,50%,100%`). The hottest neurons of all layers go first (the artifact's counts,
@@ -285,8 +284,8 @@ pub struct EvalArgs {
     /// `|x| * ||column||`; `h`: `|h|` on down alone; `chess`: gate first, then up and down only
     /// for the neurons whose `|act(g)| E|u|` passes), each calibrated on speeches up to 1999,
     /// at the targets of `--input-sweep`; draws the picture next to the model.
-    #[arg(long, value_name = "RULES")]
-    pub input_rules: Option<String>,
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "RULES")]
+    pub input_rules: Vec<InputRule>,
     /// Targets for `--input-rules`: mean fractions of gate, up and down entries dropped (e.g.
     /// `0.1,0.2,0.3`; the FFN bytes skipped come out lower by the scale planes).
     #[arg(

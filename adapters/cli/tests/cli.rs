@@ -70,6 +70,16 @@ fn bad_flags_and_files() {
         &["generate", "--prompt", "hi", "--storage", "q3"],
         "--storage",
     );
+    // Modes, peers and rules are closed sets: clap refuses a stranger and lists them.
+    fails_with(
+        &["bench", "--modes", "dense,fast"],
+        "invalid value 'fast' for '--modes <MODES>'",
+    );
+    fails_with(&["bench", "--peer", "vllm"], "[possible values: llama.cpp]");
+    fails_with(
+        &["eval", "--input-rules", "teal,gatefirst"],
+        "[possible values: teal, wina, h, chess]",
+    );
     let d = temp("files");
     let trunc = d.join("truncated.gguf");
     let src = powerinfer_data::smollm2(&mut |_| ()).unwrap();
@@ -317,6 +327,26 @@ fn analyze_then_use_the_artifact() {
     let att = rule.attention.as_ref().expect("an attention rule");
     assert_eq!(att.thresholds.len(), 30);
     assert!(att.thresholds.iter().all(|t| t[0] > 0.0 && t[1] > 0.0));
+
+    // The same artifact through the one vocabulary: `input:` installs its rule while loading,
+    // `predictors:` its trained predictors; a bare path is neither.
+    let model = powerinfer_data::smollm2(&mut |_| ()).unwrap();
+    let mode = |s: String| powerinfer_candle::FfnMode::sparse(s.parse().unwrap(), 2);
+    let (mut m, tok) = powerinfer_candle::open(&model, &mode(format!("input:{a}"))).unwrap();
+    let prompt = tok.encode("The capital of France is").unwrap();
+    m.forward_logits(&prompt, 0).unwrap();
+    let skipped = m.take_ffn_traffic().skipped();
+    assert!(
+        skipped > 0.05 && skipped < 0.6,
+        "input rule skipped {skipped}"
+    );
+    let (mut m, _) = powerinfer_candle::open(&model, &mode(format!("predictors:{a}"))).unwrap();
+    m.enable_ffn_stats();
+    m.forward_logits(&prompt, 0).unwrap();
+    let sparsity: Vec<f64> = m.take_ffn_sparsity().into_iter().flatten().collect();
+    assert_eq!(sparsity.len(), 30);
+    assert!(sparsity.iter().sum::<f64>() / 30.0 > 0.05, "{sparsity:?}");
+    assert!(a.parse::<powerinfer::Sparsity>().is_err());
 
     // eval: dense, exact, trained (audited) and a one-point sweep with its picture.
     let (ok, out, err) = powerinfer(&[

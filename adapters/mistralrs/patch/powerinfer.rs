@@ -3,11 +3,12 @@
 //! Added by the powerinfer-rs patch set (`adapters/mistralrs/` in powerinfer-rs). When a
 //! configuration is active, the llama GGUF loader (`quantized_llama.rs`) and the llama, mistral and
 //! qwen2 safetensors loaders build a [`powerinfer::HybridFfn`] for each layer's MLP instead of the
-//! dense one (or, with [`Neurons::Input`], a [`powerinfer::InputSparseFfn`]: training-free input
+//! dense one (or, with [`Sparsity::Input`], a [`powerinfer::InputSparseFfn`]: training-free input
 //! sparsity on the file's exact weights). With no configuration the loaders are untouched.
 //!
 //! SDK users call [`enable`] before building a model; the `mistralrs` CLI and server read
-//! [`ENV_CONFIG`] (an artifact path, `all` or `gate-first:T`), [`ENV_SPARSITY`] and
+//! [`ENV_CONFIG`] (`predictors:ARTIFACT`, `all`, `gate-first:T`, `input` or `input:ARTIFACT`),
+//! [`ENV_SPARSITY`] and
 //! [`ENV_THREADS`] when nothing was enabled in code.
 
 use std::path::PathBuf;
@@ -22,8 +23,9 @@ use crate::layers::Activation;
 
 pub use powerinfer as engine;
 
-/// Environment variable naming what to run: a `.powerinfer` artifact from `powerinfer analyze`,
-/// `all` (every neuron through the sparse kernels), `gate-first:T` (exact thresholding at `T`),
+/// Environment variable naming what to run: `predictors:ARTIFACT` (the trained predictors of a
+/// `.powerinfer` artifact from `powerinfer analyze`), `all` (every neuron through the sparse
+/// kernels), `gate-first:T` (exact thresholding at `T`),
 /// `input` (the input-sparse FFN keeping every input: the dense result) or `input:ARTIFACT` (its
 /// calibrated input rule).
 pub const ENV_CONFIG: &str = "MISTRALRS_POWERINFER";
@@ -33,15 +35,15 @@ pub const ENV_SPARSITY: &str = "MISTRALRS_POWERINFER_SPARSITY";
 /// Threads of the sparse FFN (default: all cores).
 pub const ENV_THREADS: &str = "MISTRALRS_POWERINFER_THREADS";
 
-/// Which neurons each layer computes: the engine's own setting, shared with the candle loader
-/// and the CLI (same string forms).
-pub use powerinfer::Neurons;
+/// What each layer computes: the engine's own setting, shared with the candle loader and the CLI
+/// (same string forms).
+pub use powerinfer::{Neurons, Sparsity};
 
 /// How mistral.rs builds its FFN blocks while the configuration is enabled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PowerInferConfig {
-    /// Which neurons run.
-    pub neurons: Neurons,
+    /// What runs: the hybrid FFN with a neuron rule, or the input-sparse FFN.
+    pub sparsity: Sparsity,
     /// Threads of the sparse FFN's CPU tier (`None`: all cores).
     pub threads: Option<usize>,
 }
@@ -49,37 +51,37 @@ pub struct PowerInferConfig {
 impl PowerInferConfig {
     /// Trained predictors and placement from an artifact.
     pub fn artifact(path: impl Into<PathBuf>) -> Self {
-        Self::new(Neurons::artifact(path))
+        Self::new(Neurons::predictors(path).into())
     }
 
     /// The input-sparse FFN: `artifact`'s calibrated rule, or every input kept.
     pub fn input(artifact: Option<PathBuf>) -> Self {
-        Self::new(Neurons::Input(artifact))
+        Self::new(Sparsity::Input(artifact))
     }
 
     /// Every neuron through the sparse kernels.
     pub fn all_neurons() -> Self {
-        Self::new(Neurons::All)
+        Self::new(Neurons::All.into())
     }
 
     /// Exact thresholding at `threshold` in every layer.
     pub fn gate_first(threshold: f32) -> Self {
-        Self::new(Neurons::GateFirst(threshold))
+        Self::new(Neurons::GateFirst(threshold).into())
     }
 
-    /// The configuration running `neurons` on all cores.
-    pub fn new(neurons: Neurons) -> Self {
+    /// The configuration running `sparsity` on all cores.
+    pub fn new(sparsity: Sparsity) -> Self {
         PowerInferConfig {
-            neurons,
+            sparsity,
             threads: None,
         }
     }
 
     /// With an artifact: score thresholds for this FFN sparsity.
     pub fn with_predictor_sparsity(mut self, sparsity: f64) -> Self {
-        if let Neurons::Artifact {
+        if let Sparsity::Neurons(Neurons::Predictors {
             predictor_sparsity, ..
-        } = &mut self.neurons
+        }) = &mut self.sparsity
         {
             *predictor_sparsity = Some(sparsity);
         }
@@ -99,12 +101,12 @@ impl PowerInferConfig {
             return Ok(None);
         };
         let v = v.to_string_lossy().into_owned();
-        let neurons: Neurons = v
+        let sparsity: Sparsity = v
             .parse()
             .map_err(|e| bad(format!("{ENV_CONFIG}={v}: {e}")))?;
-        let mut cfg = Self::new(neurons);
+        let mut cfg = Self::new(sparsity);
         if let Some(s) = env_parse::<f64>(ENV_SPARSITY)? {
-            if !matches!(cfg.neurons, Neurons::Artifact { .. }) {
+            if !matches!(cfg.sparsity, Sparsity::Neurons(Neurons::Predictors { .. })) {
                 return Err(bad(format!(
                     "{ENV_SPARSITY} needs an artifact in {ENV_CONFIG}"
                 )));
@@ -265,12 +267,12 @@ impl LoadScope {
         let plan = match config()? {
             None => None,
             Some(config) => {
-                let artifact = match &config.neurons {
-                    Neurons::Artifact { path, .. } | Neurons::Input(Some(path)) => {
+                let artifact = match config.sparsity.artifact() {
+                    Some(path) => {
                         let a = powerinfer::Artifact::load(path).map_err(engine_err)?;
-                        let sha = powerinfer::model_sha256(files).map_err(engine_err)?;
+                        let sha = powerinfer::format::model_sha256(files).map_err(engine_err)?;
                         a.check_model(&sha).map_err(engine_err)?;
-                        if matches!(config.neurons, Neurons::Input(_)) && a.meta.input_rule.is_none() {
+                        if matches!(config.sparsity, Sparsity::Input(_)) && a.meta.input_rule.is_none() {
                             return Err(bad(format!(
                                 "{} has no input rule (format version 1); rerun `powerinfer analyze`",
                                 path.display()
@@ -278,9 +280,9 @@ impl LoadScope {
                         }
                         Some(a)
                     }
-                    _ => None,
+                    None => None,
                 };
-                tracing::info!("powerinfer: sparse FFN on, {:?}", config.neurons);
+                tracing::info!("powerinfer: sparse FFN on, {}", config.sparsity);
                 Some(Arc::new(Plan { config, artifact }))
             }
         };
@@ -321,24 +323,24 @@ fn build(plan: &Plan, layer: usize, bundles: powerinfer::NeuronBundles) -> Resul
         opts.threads = t;
     }
     let mut ffn = HybridFfn::new(bundles, opts).map_err(engine_err)?;
-    match (&plan.config.neurons, &plan.artifact) {
-        (Neurons::All, _) => {}
-        (Neurons::GateFirst(t), _) => {
+    match (&plan.config.sparsity, &plan.artifact) {
+        (Sparsity::Neurons(Neurons::All), _) => {}
+        (Sparsity::Neurons(Neurons::GateFirst(t)), _) => {
             ffn.set_predictor(GateFirst::new(*t).map_err(engine_err)?);
         }
         (
-            Neurons::Artifact {
+            Sparsity::Neurons(Neurons::Predictors {
                 predictor_sparsity, ..
-            },
+            }),
             Some(a),
         ) => {
             a.install(layer, &mut ffn, *predictor_sparsity)
                 .map_err(engine_err)?;
         }
-        (Neurons::Artifact { path, .. }, None) => {
-            return Err(bad(format!("{} was not loaded", path.display())));
+        (Sparsity::Neurons(Neurons::Predictors { artifact, .. }), None) => {
+            return Err(bad(format!("{} was not loaded", artifact.display())));
         }
-        (Neurons::Input(_), _) => {
+        (Sparsity::Input(_), _) => {
             return Err(bad("the input-sparse FFN is built by `build_input`"));
         }
     }
@@ -400,7 +402,7 @@ pub(crate) fn gguf_mlp(
     let (n, h) = gate.shape().dims2()?;
     let spec =
         powerinfer::FfnSpec::gated(h, n, powerinfer::Activation::Silu).map_err(engine_err)?;
-    if let Neurons::Input(_) = plan.config.neurons {
+    if let Sparsity::Input(_) = plan.config.sparsity {
         let ffn = powerinfer::InputSparseFfn::from_qtensors(
             spec,
             Some(gate),
@@ -445,11 +447,11 @@ pub(crate) fn safetensors_mlp(
     let d = get("down_proj", (hidden, intermediate))?;
     let spec = powerinfer::FfnSpec::gated(hidden, intermediate, engine_activation(act)?)
         .map_err(engine_err)?;
-    if let Neurons::Input(_) = plan.config.neurons {
+    if let Sparsity::Input(_) = plan.config.sparsity {
         let storage = match vb.dtype() {
-            DType::F32 => powerinfer::ColumnStorage::F32,
-            DType::BF16 => powerinfer::ColumnStorage::BF16,
-            _ => powerinfer::ColumnStorage::F16,
+            DType::F32 => powerinfer::cpu::ColumnStorage::F32,
+            DType::BF16 => powerinfer::cpu::ColumnStorage::BF16,
+            _ => powerinfer::cpu::ColumnStorage::F16,
         };
         let ffn = powerinfer::InputSparseFfn::from_weights(
             spec,

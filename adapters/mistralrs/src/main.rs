@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use mistralrs_core::powerinfer::{Neurons, PowerInferConfig};
+use mistralrs_core::powerinfer::{Neurons, PowerInferConfig, Sparsity};
 
 #[derive(Parser)]
 #[command(version, about)]
@@ -97,12 +97,13 @@ struct ModelArgs {
     /// in ~/.cache/powerinfer, where `powerinfer demo` fetches it).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// What the sparse FFN computes: a `.powerinfer` artifact from `powerinfer analyze` (its
-    /// trained predictors), `all` (every neuron), `gate-first:T` (exact |h| thresholding at T),
+    /// What the sparse FFN computes: `predictors:ARTIFACT` (the trained predictors of a
+    /// `.powerinfer` artifact from `powerinfer analyze`), `all` (every neuron), `gate-first:T`
+    /// (exact |h| thresholding at T),
     /// `input` (the input-sparse FFN keeping every input) or `input:ARTIFACT` (the artifact's
     /// calibrated input rule).
     #[arg(long, default_value = "all")]
-    powerinfer: Neurons,
+    powerinfer: Sparsity,
     /// With an artifact: the predictors' score thresholds for this FFN sparsity.
     #[arg(long)]
     predictor_sparsity: Option<f64>,
@@ -116,7 +117,7 @@ impl ModelArgs {
         let mut cfg = PowerInferConfig::new(self.powerinfer.clone());
         if let Some(s) = self.predictor_sparsity {
             anyhow::ensure!(
-                matches!(cfg.neurons, Neurons::Artifact { .. }),
+                matches!(cfg.sparsity, Sparsity::Neurons(Neurons::Predictors { .. })),
                 "--predictor-sparsity needs an artifact in --powerinfer"
             );
             cfg = cfg.with_predictor_sparsity(s);

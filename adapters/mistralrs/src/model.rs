@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use mistralrs::Model;
-use mistralrs_core::powerinfer::{self, Neurons, PowerInferConfig};
+use mistralrs_core::powerinfer::{self, Neurons, PowerInferConfig, Sparsity};
 
 use crate::greedy::{self, greedy, Completion};
 
@@ -28,15 +28,15 @@ pub async fn load(path: &Path, sparse: Option<&PowerInferConfig>) -> Result<Mode
 }
 
 fn describe(cfg: &PowerInferConfig) -> String {
-    match &cfg.neurons {
-        Neurons::All => "every neuron".into(),
-        Neurons::Input(None) => "input-sparse FFN, every input kept".into(),
-        Neurons::Input(Some(p)) => format!("input-sparse rule from {}", p.display()),
-        Neurons::GateFirst(t) => format!("exact thresholding at |h| > {t}"),
-        Neurons::Artifact {
-            path,
+    match &cfg.sparsity {
+        Sparsity::Neurons(Neurons::All) => "every neuron".into(),
+        Sparsity::Input(None) => "input-sparse FFN, every input kept".into(),
+        Sparsity::Input(Some(p)) => format!("input-sparse rule from {}", p.display()),
+        Sparsity::Neurons(Neurons::GateFirst(t)) => format!("exact thresholding at |h| > {t}"),
+        Sparsity::Neurons(Neurons::Predictors {
+            artifact: path,
             predictor_sparsity,
-        } => match predictor_sparsity {
+        }) => match predictor_sparsity {
             None => format!("trained predictors from {}", path.display()),
             Some(s) => format!(
                 "trained predictors from {} at {:.0}% target sparsity",
@@ -76,8 +76,8 @@ pub async fn chat(
 
 /// What a sparse run skipped: neurons (hybrid FFN) or FFN weight bytes (input-sparse FFN).
 fn skipped(cfg: &PowerInferConfig, r: &powerinfer::SparsityReport) -> String {
-    match cfg.neurons {
-        Neurons::Input(_) => format!(
+    match cfg.sparsity {
+        Sparsity::Input(_) => format!(
             "{:.1}% of the FFN weight bytes skipped",
             r.ffn_bytes_skipped() * 100.0
         ),
@@ -175,18 +175,18 @@ pub async fn compare(
         (None, false) => prompts.to_vec(),
     };
     let all = PowerInferConfig {
-        neurons: Neurons::All,
+        sparsity: Neurons::All.into(),
         ..sparse.clone()
     };
     let every_input = PowerInferConfig {
-        neurons: Neurons::Input(None),
+        sparsity: Sparsity::Input(None),
         ..sparse.clone()
     };
     let (dense, _) = run_all(path, None, &prompts, max_tokens).await?;
     let (every, s_all) = run_all(path, Some(&all), &prompts, max_tokens).await?;
     let (inputs, _) = run_all(path, Some(&every_input), &prompts, max_tokens).await?;
     let mut same_input = 0;
-    let chosen = if sparse.neurons == Neurons::All {
+    let chosen = if sparse.sparsity == Sparsity::Neurons(Neurons::All) {
         None
     } else {
         Some(run_all(path, Some(&sparse), &prompts, max_tokens).await?)

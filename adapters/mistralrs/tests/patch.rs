@@ -10,7 +10,7 @@ mod greedy;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use mistralrs_core::powerinfer::{self, Neurons, PowerInferConfig};
+use mistralrs_core::powerinfer::{self, Neurons, PowerInferConfig, Sparsity};
 
 /// The configuration and the sparsity report are process-wide: one model test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -69,15 +69,15 @@ fn environment_configuration_is_parsed_and_bad_values_are_named() {
         PowerInferConfig::from_env().unwrap(),
         Some(PowerInferConfig::gate_first(0.25).with_threads(3))
     );
-    set(powerinfer::ENV_CONFIG, Some("/some/m.powerinfer"));
+    set(powerinfer::ENV_CONFIG, Some("predictors:/some/m.powerinfer"));
     set(powerinfer::ENV_SPARSITY, Some("0.5"));
     let c = PowerInferConfig::from_env().unwrap().unwrap();
     assert_eq!(
-        c.neurons,
-        Neurons::Artifact {
-            path: "/some/m.powerinfer".into(),
+        c.sparsity,
+        Sparsity::Neurons(Neurons::Predictors {
+            artifact: "/some/m.powerinfer".into(),
             predictor_sparsity: Some(0.5)
-        }
+        })
     );
     let fails = |cfg: &str, sparsity: Option<&str>, threads: Option<&str>, named: &str| {
         set(powerinfer::ENV_CONFIG, Some(cfg));
@@ -89,13 +89,13 @@ fn environment_configuration_is_parsed_and_bad_values_are_named() {
     set(powerinfer::ENV_SPARSITY, None);
     set(powerinfer::ENV_CONFIG, Some("input"));
     assert_eq!(
-        PowerInferConfig::from_env().unwrap().unwrap().neurons,
-        Neurons::Input(None)
+        PowerInferConfig::from_env().unwrap().unwrap().sparsity,
+        Sparsity::Input(None)
     );
     set(powerinfer::ENV_CONFIG, Some("input:/a/m.powerinfer"));
     assert_eq!(
-        PowerInferConfig::from_env().unwrap().unwrap().neurons,
-        Neurons::Input(Some("/a/m.powerinfer".into()))
+        PowerInferConfig::from_env().unwrap().unwrap().sparsity,
+        Sparsity::Input(Some("/a/m.powerinfer".into()))
     );
     fails("input", Some("0.5"), None, "needs an artifact");
     fails("gate-first:abc", None, None, "`abc` is not a threshold");
@@ -107,11 +107,13 @@ fn environment_configuration_is_parsed_and_bad_values_are_named() {
         "MISTRALRS_POWERINFER_THREADS=many",
     );
     fails(
-        "x.powerinfer",
+        "predictors:x.powerinfer",
         Some("half"),
         None,
         "MISTRALRS_POWERINFER_SPARSITY=half",
     );
+    // A bare path is no longer read as an artifact: the prefix says which FFN reads it.
+    fails("x.powerinfer", None, None, "`predictors:x.powerinfer` or `input:x.powerinfer`");
     clear();
 }
 

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use half::f16;
-use powerinfer::{Artifact, ArtifactMeta, CalibrationSummary, LayerMeta, LayerTensors};
+use powerinfer::{
+    format::ArtifactMeta, format::CalibrationSummary, format::LayerMeta, format::LayerTensors,
+    Artifact,
+};
 
 fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     let mut s = seed | 1;

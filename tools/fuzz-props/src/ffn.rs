@@ -2,8 +2,8 @@
 
 use candle_core::{Device, Tensor};
 use powerinfer::{
-    plan_placement, Activation, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions,
-    LayerPlacement, NeuronBundles, Oracle, TierBudget, WeightDType,
+    predict::Oracle, tier::plan_placement, tier::LayerPlacement, tier::TierBudget, Activation,
+    FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions, NeuronBundles, WeightDType,
 };
 
 use crate::bytes::Bytes;

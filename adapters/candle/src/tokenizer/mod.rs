@@ -141,7 +141,9 @@ impl TextTokenizer {
                     false, true, true,
                 )));
             }
-            inner.with_normalizer(None::<NormalizerWrapper>);
+            inner
+                .with_normalizer(None::<NormalizerWrapper>)
+                .map_err(tok_err)?;
             let vocab = Vocab::from_gguf(ct, false)?;
             let specials = Specials::new(&vocab);
             (
