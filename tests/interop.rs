@@ -10,8 +10,8 @@ use candle_core::{DType, Module, Tensor};
 use common::tensor;
 use powerinfer::format::{read_gpuidx, GgufMagic, PowerInferFile};
 use powerinfer::{
-    predict::Oracle, predict::RowRms, tier::LayerPlacement, Activation, ErrorKind, FfnSpec,
-    FfnWeights, HybridFfn, HybridOptions, WeightDType,
+    predict::Oracle, tier::LayerPlacement, Activation, ErrorKind, FfnSpec, FfnWeights, HybridFfn,
+    HybridOptions, WeightDType,
 };
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -316,13 +316,15 @@ fn pre_norm_predictor_applies_powerinfers_rule_exactly() {
             .unwrap()
         };
         let oracle = build().with_predictor(Oracle::new(sets));
-        let handle = RowRms::new();
-        let pred = f.pre_norm_predictor(0, &w).unwrap();
-        assert_eq!(pred.needs_row_rms(), t != 0.0);
-        let ours = build().with_predictor(pred.with_row_rms(handle.clone()));
-        handle.set(&rms);
+        let ours = build().with_predictor(f.pre_norm_predictor(0, &w).unwrap());
+        assert_eq!(ours.needs_row_rms(), t != 0.0);
         let a = oracle.forward(&n).unwrap().to_vec2::<f32>().unwrap();
-        let b = ours.forward(&n).unwrap().to_vec2::<f32>().unwrap();
+        // The rows' pre-norm RMS goes in with the call.
+        let x: Vec<f32> = n.flatten_all().unwrap().to_vec1().unwrap();
+        let mut out = vec![0f32; x.len()];
+        ours.forward_f32_with_row_rms(&x, rows, &rms, &mut out)
+            .unwrap();
+        let b: Vec<Vec<f32>> = out.chunks(x.len() / rows).map(<[f32]>::to_vec).collect();
         assert_eq!(ours.last_active(), oracle.last_active(), "t={t}");
         assert_eq!(a, b, "t={t}");
         if t != 0.0 {
@@ -333,6 +335,11 @@ fn pre_norm_predictor_applies_powerinfers_rule_exactly() {
                 matches!(e.kind(), ErrorKind::Config { setting, .. } if setting == "row_rms"),
                 "{e}"
             );
+            // ... nor with a count that is not one per row.
+            let e = ours
+                .forward_f32_with_row_rms(&x, rows, &rms[1..], &mut out)
+                .unwrap_err();
+            assert!(e.to_string().contains("row_rms values per row"), "{e}");
         }
     }
     let zero_w = w.affine(0.0, 0.0).unwrap();

@@ -364,12 +364,45 @@ impl HybridFfn {
     /// The FFN on `rows` f32 rows: `x` and `out` are `rows * hidden`, row-major. Allocation-free
     /// once the block has seen a batch of this size.
     pub fn forward_f32(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
+        self.forward_f32_rms(x, rows, None, out)
+    }
+
+    /// [`HybridFfn::forward_f32`] with, per row, `sqrt(mean(u^2) + eps)` of the input `u` before
+    /// the FFN's RMSNorm (`rows` values): what a predictor scored on the pre-norm residual needs
+    /// ([`HybridFfn::needs_row_rms`]). The values reach the predictor in
+    /// [`PredictInput::row_rms`].
+    pub fn forward_f32_with_row_rms(
+        &self,
+        x: &[f32],
+        rows: usize,
+        row_rms: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        if row_rms.len() != rows {
+            return Err(Error::count("row_rms values per row", rows, row_rms.len()));
+        }
+        self.forward_f32_rms(x, rows, Some(row_rms), out)
+    }
+
+    /// Whether the predictor needs the pre-norm RMS of each row
+    /// ([`HybridFfn::forward_f32_with_row_rms`]).
+    pub fn needs_row_rms(&self) -> bool {
+        self.predictor.needs_row_rms()
+    }
+
+    fn forward_f32_rms(
+        &self,
+        x: &[f32],
+        rows: usize,
+        row_rms: Option<&[f32]>,
+        out: &mut [f32],
+    ) -> Result<()> {
         check_f32_rows(x, rows, self.bundles.spec().hidden, out)?;
         if rows == 0 {
             return Ok(());
         }
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        self.compute(&mut scratch, x, rows, out)
+        self.compute(&mut scratch, x, rows, row_rms, out)
     }
 
     /// Prepares a coming call: predicts with this layer's predictor which neurons an input like
@@ -382,7 +415,8 @@ impl HybridFfn {
     /// Does nothing (returns 0) without a caching fast tier, on a forced-dense layer, during a
     /// statistics run, for batches above the tier's `max_rows`, and with an inline threshold
     /// rule (exact thresholding): that rule's prediction is the layer's own gate product, which
-    /// costs what computing the neurons does. A tier error disables the tier, as in a call.
+    /// costs what computing the neurons does; nor for a predictor that needs the rows' pre-norm
+    /// RMS, which a guessed input does not have. A tier error disables the tier, as in a call.
     pub fn prefetch(&self, x: &[f32], rows: usize) -> Result<usize> {
         let spec = *self.bundles.spec();
         if x.len() != rows * spec.hidden {
@@ -400,12 +434,13 @@ impl HybridFfn {
             || self.force_dense.load(Ordering::Relaxed)
             || self.stats_on.load(Ordering::Relaxed)
             || self.predictor.inline_threshold().is_some()
+            || self.predictor.needs_row_rms()
         {
             return Ok(0);
         }
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let s = &mut *guard;
-        let input = self.predict_input(&mut s.xq, &mut s.set, x, rows);
+        let input = self.predict_input(&mut s.xq, &mut s.set, x, rows, None);
         self.predictor
             .predict(&input, &mut s.set)
             .map_err(|e| self.in_layer(e))?;
@@ -433,7 +468,7 @@ impl HybridFfn {
         let mut xbuf = std::mem::take(&mut scratch.x);
         let res = with_f32(xs, &mut xbuf, |x| {
             check_finite(x)?;
-            self.compute(&mut scratch, x, rows, &mut out)
+            self.compute(&mut scratch, x, rows, None, &mut out)
         });
         scratch.x = xbuf;
         res?;
@@ -448,6 +483,7 @@ impl HybridFfn {
         set: &mut ActiveSet,
         x: &'a [f32],
         rows: usize,
+        row_rms: Option<&'a [f32]>,
     ) -> PredictInput<'a> {
         let spec = self.bundles.spec();
         set.reset(rows, spec.intermediate);
@@ -458,6 +494,7 @@ impl HybridFfn {
             x,
             rows,
             hidden: spec.hidden,
+            row_rms,
             bundles: &self.bundles,
             kernels: &self.kernels,
             pool: &self.pool,
@@ -465,11 +502,102 @@ impl HybridFfn {
         }
     }
 
-    fn compute(&self, s: &mut Scratch, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
-        let spec = *self.bundles.spec();
+    /// One call: the rows' sets (or the inline rule), the fast tier's share launched, the CPU's
+    /// share on the pool, and the partials merged in a fixed order: bias, the fast tier, the CPU
+    /// threads in order.
+    fn compute(
+        &self,
+        s: &mut Scratch,
+        x: &[f32],
+        rows: usize,
+        row_rms: Option<&[f32]>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let hidden = self.bundles.spec().hidden;
+        let rule = self.predict_rows(s, x, rows, row_rms)?;
+        match &self.bundles.down_bias {
+            Some(b) => out.chunks_mut(hidden).for_each(|o| o.copy_from_slice(b)),
+            None => out.fill(0.0),
+        }
+        let threads = self.pool.threads();
+        s.threads.resize_with(threads, ThreadScratch::default);
+        let job = SparseJob {
+            bundles: self.bundles.view(),
+            kernels: &self.kernels,
+            x,
+            rows,
+            set: &s.set,
+            xq: &s.xq,
+            rule,
+        };
+        let record = self.stats_on.load(Ordering::Relaxed);
+        let mut stats = record.then(|| self.stats.lock().unwrap_or_else(|e| e.into_inner()));
+        let list = s.set.union();
+        // The split: the fast tier's share is launched first and runs while the pool computes
+        // the CPU's share. Statistics need every neuron's `h`, and batches above the tier's
+        // `max_rows` do not fit its buffers: both stay on the CPU.
+        let tier = self
+            .fast_tier()
+            .filter(|t| !record && !list.is_empty() && rows <= t.max_rows());
+        let call = TierCall {
+            x,
+            rows,
+            neurons: &[],
+            set: &s.set,
+            rule,
+        };
+        let (launched, split) = self.launch(tier, call, list, &mut s.fast, &mut s.cpu);
+        s.missed.clear();
+        let cpu: &[u32] = if split { &s.cpu } else { list };
+        if !cpu.is_empty() {
+            job.run(&self.pool, cpu, &mut s.threads);
+        }
+        // Neurons whose contribution was used (nonzero in some row, so their down row was read).
+        let mut used = 0usize;
+        let mut retry = false;
+        if let Some(t) = launched {
+            match t.finish(out) {
+                Ok(n) => used += n,
+                Err(e) => {
+                    self.tier_failed(t, &e);
+                    retry = true;
+                }
+            }
+        }
+        if !cpu.is_empty() {
+            let missed = tier.is_some().then_some(&mut s.missed);
+            used += merge_threads(out, &s.threads, cpu, rows, missed, stats.as_deref_mut());
+        }
+        if retry {
+            // The tier failed after launch: its share runs on the CPU, added last.
+            let fast = std::mem::take(&mut s.fast);
+            job.run(&self.pool, &fast, &mut s.threads);
+            used += merge_threads(out, &s.threads, &fast, rows, None, None);
+        } else if let Some(t) = launched.or(tier).filter(|_| self.fast_tier().is_some()) {
+            if let Err(e) = t.observe(&self.bundles, &s.missed) {
+                self.tier_failed(t, &e);
+            }
+        }
+        if let Some(Some(stats)) = stats.as_deref_mut() {
+            stats.tokens += rows as u64;
+        }
+        self.last_active.store(used, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Fills `s.set` for the rows (every neuron when dense or when an inline rule will choose
+    /// in the tiers' pass) and, while an audit runs, records the call against the exact sets.
+    /// Returns the inline rule, if any.
+    fn predict_rows(
+        &self,
+        s: &mut Scratch,
+        x: &[f32],
+        rows: usize,
+        row_rms: Option<&[f32]>,
+    ) -> Result<Option<f32>> {
         let dense = self.force_dense.load(Ordering::Relaxed)
             || matches!(self.prefill, PrefillPolicy::DenseFrom(n) if rows >= n);
-        let input = self.predict_input(&mut s.xq, &mut s.set, x, rows);
+        let input = self.predict_input(&mut s.xq, &mut s.set, x, rows, row_rms);
         // A threshold predictor runs inline in the tiers' pass (same output, one pass).
         let rule = if dense {
             None
@@ -494,6 +622,7 @@ impl HybridFfn {
             a.totals.predict_time += t0.elapsed();
             a.totals.calls += 1;
             input.dense_pass().contributions(&mut a.h, &mut a.tmp);
+            let spec = self.bundles.spec();
             let (set, tmp) = (&s.set, &a.tmp);
             let gate_rule = spec.gated && spec.activation.exact_zeros();
             // Inline rules keep exactly the pairs that pass them (see `Predictor::inline_threshold`).
@@ -507,129 +636,48 @@ impl HybridFfn {
                 .record(&h, rows, |r, i| keep(r, i, h[i * rows + r]));
             a.h = h;
         }
-        drop(audit);
+        Ok(rule)
+    }
 
-        match &self.bundles.down_bias {
-            Some(b) => out
-                .chunks_mut(spec.hidden)
-                .for_each(|o| o.copy_from_slice(b)),
-            None => out.fill(0.0),
-        }
-        let threads = self.pool.threads();
-        s.threads.resize_with(threads, ThreadScratch::default);
-        let job = SparseJob {
-            bundles: self.bundles.view(),
-            kernels: &self.kernels,
-            x,
-            rows,
-            set: &s.set,
-            xq: &s.xq,
-            rule,
+    /// Splits `list` between the fast tier (the neurons it holds, into `fast`) and the CPU (into
+    /// `cpu`) and launches the tier's share. Returns the tier when it launched, and whether
+    /// `cpu` holds the CPU's share (else the CPU computes the whole `list`). A failed launch
+    /// disables the tier and leaves the whole `list` to the CPU.
+    fn launch<'t>(
+        &self,
+        tier: Option<&'t dyn FastTier>,
+        call: TierCall<'_>,
+        list: &[u32],
+        fast: &mut Vec<u32>,
+        cpu: &mut Vec<u32>,
+    ) -> (Option<&'t dyn FastTier>, bool) {
+        fast.clear();
+        cpu.clear();
+        let Some(t) = tier else {
+            return (None, false);
         };
-        let record = self.stats_on.load(Ordering::Relaxed);
-        let mut stats = record.then(|| self.stats.lock().unwrap_or_else(|e| e.into_inner()));
-        let list = s.set.union();
-        // The split: the fast tier's share is launched first and runs while the pool computes
-        // the CPU's share. Statistics need every neuron's `h`, and batches above the tier's
-        // `max_rows` do not fit its buffers: both stay on the CPU.
-        let tier = self
-            .fast_tier()
-            .filter(|t| !record && !list.is_empty() && rows <= t.max_rows());
-        s.fast.clear();
-        s.cpu.clear();
-        let mut launched = None;
-        // Whether `s.cpu` holds the CPU's share (else the CPU computes the whole `list`).
-        let mut split = false;
-        if let Some(t) = tier {
-            for &i in list {
-                if t.holds(i as usize) {
-                    s.fast.push(i);
-                } else {
-                    s.cpu.push(i);
-                }
-            }
-            if !s.fast.is_empty() {
-                let call = TierCall {
-                    x,
-                    rows,
-                    neurons: &s.fast,
-                    set: &s.set,
-                    rule,
-                };
-                match t.launch(&call) {
-                    Ok(()) => {
-                        launched = Some(t);
-                        split = true;
-                    }
-                    Err(e) => {
-                        self.tier_failed(t, &e);
-                        s.fast.clear();
-                    }
-                }
+        for &i in list {
+            if t.holds(i as usize) {
+                fast.push(i);
             } else {
-                split = true;
+                cpu.push(i);
             }
         }
-        // Neurons whose contribution was used (nonzero in some row, so their down row was read).
-        let mut used = 0usize;
-        s.missed.clear();
-        let cpu: &[u32] = if split { &s.cpu } else { list };
-        if !cpu.is_empty() {
-            job.run(&self.pool, cpu, &mut s.threads);
+        if fast.is_empty() {
+            return (None, true);
         }
-        // Merge in a fixed order: bias (above), the fast tier, the CPU threads in order.
-        let mut retry = false;
-        if let Some(t) = launched {
-            match t.finish(out) {
-                Ok(n) => used += n,
-                Err(e) => {
-                    self.tier_failed(t, &e);
-                    retry = true;
-                }
-            }
-        }
-        if !cpu.is_empty() {
-            for (t, st) in s.threads.iter().enumerate() {
-                for (o, a) in out.iter_mut().zip(&st.acc) {
-                    *o += a;
-                }
-                let mine = &cpu[share(cpu.len(), t, threads)];
-                for (&i, h) in mine.iter().zip(st.h.chunks(rows)) {
-                    if h.iter().any(|&v| v != 0.0) {
-                        used += 1;
-                        if tier.is_some() {
-                            s.missed.push(i);
-                        }
-                    }
-                }
-                if let Some(Some(stats)) = stats.as_deref_mut() {
-                    stats.record(mine, &st.h, rows);
-                }
-            }
-        }
-        if retry {
-            // The tier failed after launch: its share runs on the CPU, added last.
-            let fast = std::mem::take(&mut s.fast);
-            job.run(&self.pool, &fast, &mut s.threads);
-            for st in &s.threads {
-                for (o, a) in out.iter_mut().zip(&st.acc) {
-                    *o += a;
-                }
-                used +=
-                    st.h.chunks(rows)
-                        .filter(|h| h.iter().any(|&v| v != 0.0))
-                        .count();
-            }
-        } else if let Some(t) = launched.or(tier).filter(|_| self.fast_tier().is_some()) {
-            if let Err(e) = t.observe(&self.bundles, &s.missed) {
+        match t.launch(&TierCall {
+            neurons: fast,
+            ..call
+        }) {
+            Ok(()) => (Some(t), true),
+            Err(e) => {
+                // The CPU computes the whole list.
                 self.tier_failed(t, &e);
+                fast.clear();
+                (None, false)
             }
         }
-        if let Some(Some(stats)) = stats.as_deref_mut() {
-            stats.tokens += rows as u64;
-        }
-        self.last_active.store(used, Ordering::Relaxed);
-        Ok(())
     }
 
     /// A fast tier failed: this and every later call run on the CPU; says so once.
@@ -663,6 +711,38 @@ impl HybridFfn {
             _ => e,
         }
     }
+}
+
+/// Adds the CPU threads' partials into `out` in thread order; returns how many of `neurons`
+/// (split among the threads as the job split them) contributed in some row, pushing those to
+/// `missed` (what a caching tier may fill) and recording every `h` in `stats` when given.
+fn merge_threads(
+    out: &mut [f32],
+    threads: &[ThreadScratch],
+    neurons: &[u32],
+    rows: usize,
+    mut missed: Option<&mut Vec<u32>>,
+    mut stats: Option<&mut Option<ActivationStats>>,
+) -> usize {
+    let mut used = 0;
+    for (t, st) in threads.iter().enumerate() {
+        for (o, a) in out.iter_mut().zip(&st.acc) {
+            *o += a;
+        }
+        let mine = &neurons[share(neurons.len(), t, threads.len())];
+        for (&i, h) in mine.iter().zip(st.h.chunks(rows)) {
+            if h.iter().any(|&v| v != 0.0) {
+                used += 1;
+                if let Some(m) = missed.as_deref_mut() {
+                    m.push(i);
+                }
+            }
+        }
+        if let Some(Some(stats)) = stats.as_deref_mut() {
+            stats.record(mine, &st.h, rows);
+        }
+    }
+    used
 }
 
 impl Module for HybridFfn {

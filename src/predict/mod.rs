@@ -20,7 +20,7 @@ mod pre_norm;
 pub use gate_first::GateFirst;
 pub(crate) use low_rank::stored_bytes;
 pub use low_rank::LowRank;
-pub use pre_norm::{PreNormLowRank, RowRms};
+pub use pre_norm::PreNormLowRank;
 
 /// What a predictor sees: the FFN input rows (f32, exactly the tensor the FFN gets) and, for
 /// predictors inside this crate, the layer's weights and kernels.
@@ -31,6 +31,10 @@ pub struct PredictInput<'a> {
     pub rows: usize,
     /// Model size.
     pub hidden: usize,
+    /// Per row, `sqrt(mean(u^2) + eps)` of the input `u` before the FFN's RMSNorm, when the host
+    /// passed it ([`crate::HybridFfn::forward_f32_with_row_rms`]): what a predictor scored on the
+    /// pre-norm residual needs ([`Predictor::needs_row_rms`]).
+    pub row_rms: Option<&'a [f32]>,
     pub(crate) bundles: &'a NeuronBundles,
     pub(crate) kernels: &'a Kernels,
     pub(crate) pool: &'a Pool,
@@ -75,6 +79,13 @@ pub trait Predictor: Send + Sync + fmt::Debug {
     /// [`Predictor::predict`] as a separate pass. Both give the same output.
     fn inline_threshold(&self) -> Option<f32> {
         None
+    }
+
+    /// Whether [`Predictor::predict`] needs [`PredictInput::row_rms`], the RMS of each row
+    /// before the FFN's norm (PowerInfer's llama predictors at a non-zero threshold). The host
+    /// then calls [`crate::HybridFfn::forward_f32_with_row_rms`].
+    fn needs_row_rms(&self) -> bool {
+        false
     }
 }
 

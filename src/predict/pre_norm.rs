@@ -1,32 +1,11 @@
-//! PowerInfer's llama predictor, scored on the normed FFN input: `PreNormLowRank`, with the
-//! per-row RMS handle `RowRms` the host fills.
-
-use std::sync::{Arc, Mutex};
+//! PowerInfer's llama predictor, scored on the normed FFN input: `PreNormLowRank`, which reads
+//! the per-row RMS the host passes in [`PredictInput::row_rms`].
 
 use candle_core::{DType, Tensor};
 
 use crate::error::{Error, Result};
 
 use super::{ActiveSet, LowRank, PredictInput, Predictor};
-
-/// Per-row RMS of the pre-norm input, set by the host before each FFN call; shared between the
-/// host and a [`PreNormLowRank`]. Reuses its buffer (no allocation once a batch size was seen).
-#[derive(Debug, Clone, Default)]
-pub struct RowRms(Arc<Mutex<Vec<f32>>>);
-
-impl RowRms {
-    /// An empty handle.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Stores `sqrt(mean(u_r^2) + eps)` for each row `r` of the next call.
-    pub fn set(&self, rms: &[f32]) {
-        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        g.clear();
-        g.extend_from_slice(rms);
-    }
-}
 
 /// PowerInfer's llama predictor where the FFN input is normed: PowerInfer computes
 /// `score = fc2 relu(fc1 u)` on the residual stream `u` *before* the FFN's RMSNorm, and runs
@@ -36,15 +15,15 @@ impl RowRms {
 /// Since `relu` and `fc2` are positively homogeneous, `score(u) = rms(u) * fc2 relu(fc1' n)` with
 /// `fc1' = fc1 diag(1 / norm_weight)`. So:
 /// - at threshold 0 (PowerInfer's default) the rule is exact without knowing `rms(u)`;
-/// - at any other threshold the host must hand over `rms(u)` per row through [`RowRms`]
-///   ([`PreNormLowRank::with_row_rms`]); without it `predict` is a typed error.
+/// - at any other threshold the host must hand over `rms(u)` per row in the call
+///   ([`PredictInput::row_rms`], through `HybridFfn::forward_f32_with_row_rms`); without it
+///   `predict` is a typed error.
 ///
 /// A zero in `norm_weight` makes `u` unrecoverable and is rejected at construction.
 pub struct PreNormLowRank {
     /// `fc1 diag(1 / norm_weight)` and `fc2`, scored as a plain `LowRank` on the normed input.
     inner: LowRank,
     threshold: f32,
-    rms: Option<RowRms>,
 }
 
 impl std::fmt::Debug for PreNormLowRank {
@@ -52,7 +31,6 @@ impl std::fmt::Debug for PreNormLowRank {
         f.debug_struct("PreNormLowRank")
             .field("inner", &self.inner)
             .field("threshold", &self.threshold)
-            .field("row_rms", &self.rms.is_some())
             .finish()
     }
 }
@@ -94,24 +72,12 @@ impl PreNormLowRank {
         Ok(PreNormLowRank {
             inner: LowRank::new(&f1, fc2, threshold)?,
             threshold,
-            rms: None,
         })
-    }
-
-    /// Takes `rms(u)` per row from `rms` (needed for a non-zero threshold).
-    pub fn with_row_rms(mut self, rms: RowRms) -> Self {
-        self.rms = Some(rms);
-        self
     }
 
     /// The threshold.
     pub fn threshold(&self) -> f32 {
         self.threshold
-    }
-
-    /// Whether the threshold needs the host's [`RowRms`] (it is not 0).
-    pub fn needs_row_rms(&self) -> bool {
-        self.threshold != 0.0
     }
 }
 
@@ -126,14 +92,13 @@ impl Predictor for PreNormLowRank {
                 Ok(())
             });
         }
-        let handle = self.rms.as_ref().ok_or_else(|| {
+        let rms = input.row_rms.ok_or_else(|| {
             Error::config(
                 "row_rms",
                 "a non-zero PowerInfer threshold needs the pre-norm RMS of each row \
-                 (PreNormLowRank::with_row_rms)",
+                 (HybridFfn::forward_f32_with_row_rms)",
             )
         })?;
-        let rms = handle.0.lock().unwrap_or_else(|e| e.into_inner());
         if rms.len() != input.rows {
             return Err(Error::count(
                 "row_rms values per batch row",
@@ -152,5 +117,10 @@ impl Predictor for PreNormLowRank {
 
     fn weight_bytes(&self) -> usize {
         self.inner.weight_bytes()
+    }
+
+    /// At a non-zero threshold (at 0 the rule is exact without it).
+    fn needs_row_rms(&self) -> bool {
+        self.threshold != 0.0
     }
 }

@@ -27,7 +27,7 @@
 use std::sync::Arc;
 
 use powerinfer::cpu::{attend, KvRows, Pool, QuantizedRow};
-use powerinfer::{layers::QLinear, predict::RowRms, HybridFfn};
+use powerinfer::layers::QLinear;
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
@@ -207,6 +207,11 @@ impl Decoder {
         })
     }
 
+    /// Positions the decoder runs at most (the context, capped).
+    pub(crate) fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
     /// Forgets the sequence (keeps the cache's memory).
     pub(crate) fn clear(&mut self) {
         self.len = 0;
@@ -237,13 +242,26 @@ impl Decoder {
         &mut self,
         cfg: &LlamaConfig,
         layers: &[Layer],
-        pre_norm_rms: &[Option<RowRms>],
         prefetch_depth: usize,
         tokens: &[u32],
         pos: usize,
         last_only: bool,
         clock: &mut Clock,
     ) -> Result<&[f32]> {
+        let end = self.prepare(cfg, pos, tokens.len())?;
+        self.embed_rows(cfg, tokens)?;
+        clock.lap(Lap::Other);
+        for (l, layer) in layers.iter().enumerate() {
+            self.attention_step(cfg, l, layer, pos, end, clock)?;
+            self.ffn_step(cfg, layers, l, prefetch_depth, clock)?;
+        }
+        self.len = end;
+        self.head(tokens.len(), last_only, clock)
+    }
+
+    /// Checks `pos`, grows the KV cache to hold `pos + rows` positions and sizes the scratch
+    /// for `rows` rows; returns `pos + rows`.
+    fn prepare(&mut self, cfg: &LlamaConfig, pos: usize, rows: usize) -> Result<usize> {
         if pos > self.len {
             return Err(ErrorKind::Prompt {
                 reason: format!(
@@ -253,11 +271,8 @@ impl Decoder {
             }
             .into());
         }
-        let rows = tokens.len();
         let (hidden, hd) = (cfg.hidden, cfg.head_dim());
-        let (heads, kvh) = (cfg.heads, cfg.kv_heads);
-        let (qw, kvw) = (heads * hd, kvh * hd);
-        let qkvw = qw + 2 * kvw;
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
         let end = pos + rows;
         let capacity = |kv: &[KvCache]| kv.first().map_or(0, |c| c.k.len() / kvw.max(1));
         if end > capacity(&self.kv) {
@@ -275,19 +290,24 @@ impl Decoder {
         s.x.resize(rows * hidden, 0.0);
         s.h.resize(rows * hidden, 0.0);
         s.f.resize(rows * hidden, 0.0);
-        s.qkv.resize(rows * qkvw, 0.0);
+        s.qkv.resize(rows * (qw + 2 * kvw), 0.0);
         s.att.resize(rows * qw, 0.0);
         s.threads.resize_with(self.pool.threads(), Default::default);
         // Scores for every cached position: grown with the cache, not per token.
-        let rep = heads / kvh.max(1);
+        let rep = cfg.heads / cfg.kv_heads.max(1);
         for t in &mut s.threads {
             if t.scores.capacity() < rep * cap {
                 t.scores.reserve(rep * cap - t.scores.len());
             }
         }
+        Ok(end)
+    }
 
+    /// The tokens' embedding rows into the residual stream `x`.
+    fn embed_rows(&mut self, cfg: &LlamaConfig, tokens: &[u32]) -> Result<()> {
+        let hidden = cfg.hidden;
         for (r, &t) in tokens.iter().enumerate() {
-            let row = &mut s.x[r * hidden..(r + 1) * hidden];
+            let row = &mut self.s.x[r * hidden..(r + 1) * hidden];
             match &self.embed {
                 Embed::Packed(e) => e.dequantize_row(t as usize, row)?,
                 Embed::F32(e) => {
@@ -302,150 +322,143 @@ impl Decoder {
                 row.iter_mut().for_each(|v| *v *= cfg.embedding_scale);
             }
         }
-        clock.lap(Lap::Other);
-        let scale = cfg.attention_scale;
-        let half = hd / 2;
-        for (l, layer) in layers.iter().enumerate() {
-            let Attention::Fused { qkv, o } = &layer.attn else {
-                return Err(fused_error("a layer's attention is not fused"));
-            };
-            // 1. Norm (the previous layer's FFN residual was added in the same pass).
-            if l == 0 {
-                rms_norm_rows(&s.x, &layer.attn_norm.wv, layer.attn_norm.eps, &mut s.h);
-            } else {
-                add_rms_norm_rows(
-                    &mut s.x,
-                    &s.f,
-                    &layer.attn_norm.wv,
-                    layer.attn_norm.eps,
-                    &mut s.h,
-                );
-            }
-            clock.lap(Lap::Other);
-            // 2. q, k, v in one product.
-            match qkv {
-                Projection::Rows(qkv) => {
-                    let xq = qkv.quantize_input(&mut s.xq, &s.h);
-                    qkv.forward_quantized(xq, &mut s.qkv, &mut s.tmp)?;
-                }
-                Projection::Columns(qkv) => qkv.forward_f32(&s.h, rows, &mut s.qkv)?,
-            }
-            // 3. (Gemma 3: each q and k head normed), RoPE in place, keys and values into the
-            // cache.
-            let local = cfg.gemma3.as_ref().filter(|g| g.local[l]);
-            let RopeTable {
-                cos: cos_t,
-                sin: sin_t,
-                ..
-            } = match local {
-                Some(_) => &self.rope_local,
-                None => &self.rope,
-            };
-            let cache = &mut self.kv[l];
-            for r in 0..rows {
-                let p = pos + r;
-                let (cos, sin) = (&cos_t[p * half..][..half], &sin_t[p * half..][..half]);
-                let row = &mut s.qkv[r * qkvw..(r + 1) * qkvw];
-                if let Some(g) = &layer.gemma {
-                    rms_norm_in_place(&mut row[..qw], &g.q.wv, g.q.eps);
-                    rms_norm_in_place(&mut row[qw..qw + kvw], &g.k.wv, g.k.eps);
-                }
-                for head in row[..qw + kvw].chunks_exact_mut(hd) {
-                    rope(head, cos, sin, cfg.rope_interleaved);
-                }
-                cache.k[p * kvw..(p + 1) * kvw].copy_from_slice(&row[qw..qw + kvw]);
-                cache.v[p * kvw..(p + 1) * kvw].copy_from_slice(&row[qw + kvw..]);
-            }
-            // 4. Attention: one item per (row, KV head), its query heads side by side in `att`.
-            let (qkv_rows, cache) = (&s.qkv, &*cache);
-            let (kc, vc) = (&cache.k[..end * kvw], &cache.v[..end * kvw]);
-            let failed = std::sync::atomic::AtomicBool::new(false);
-            self.pool.run_chunks_with(
-                &mut s.att,
-                rows * kvh,
-                rep * hd,
-                &mut s.threads,
-                &|items, part, st| {
-                    for (i, out) in items.zip(part.chunks_exact_mut(rep * hd)) {
-                        let (r, g) = (i / kvh, i % kvh);
-                        // Positions `first..=pos + r`: all of them, or a local layer's window.
-                        let n = pos + r + 1;
-                        let first = local.map_or(0, |w| n.saturating_sub(w.window));
-                        st.scores.resize(rep * (n - first), 0.0);
-                        let q = &qkv_rows[r * qkvw + g * rep * hd..][..rep * hd];
-                        let kv = KvRows {
-                            keys: &kc[first * kvw + g * hd..],
-                            values: &vc[first * kvw + g * hd..],
-                            head_dim: hd,
-                            stride: kvw,
-                            positions: n - first,
-                        };
-                        let res = attend(q, &kv, scale, &mut st.scores, out);
-                        if res.is_err() {
-                            failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                        }
-                    }
-                },
+        Ok(())
+    }
+
+    /// Layer `l`'s attention block on the rows at positions `pos..end`: its norm (with the
+    /// previous layer's FFN residual added in the same pass), q/k/v in one product, RoPE and
+    /// the cache, attention, the output projection into `f`.
+    fn attention_step(
+        &mut self,
+        cfg: &LlamaConfig,
+        l: usize,
+        layer: &Layer,
+        pos: usize,
+        end: usize,
+        clock: &mut Clock,
+    ) -> Result<()> {
+        let Attention::Fused { qkv, o } = &layer.attn else {
+            return Err(fused_error("a layer's attention is not fused"));
+        };
+        let s = &mut self.s;
+        let rows = end - pos;
+        // 1. Norm (the previous layer's FFN residual was added in the same pass).
+        if l == 0 {
+            rms_norm_rows(&s.x, &layer.attn_norm.wv, layer.attn_norm.eps, &mut s.h);
+        } else {
+            add_rms_norm_rows(
+                &mut s.x,
+                &s.f,
+                &layer.attn_norm.wv,
+                layer.attn_norm.eps,
+                &mut s.h,
             );
-            if failed.into_inner() {
-                return Err(fused_error("attention slices do not match the cache"));
-            }
-            match o {
-                Projection::Rows(o) => {
-                    let xq = o.quantize_input(&mut s.xq, &s.att);
-                    o.forward_quantized(xq, &mut s.f, &mut s.tmp)?;
-                }
-                Projection::Columns(o) => o.forward_f32(&s.att, rows, &mut s.f)?,
-            }
-            if let Some(g) = &layer.gemma {
-                rms_norm_in_place(&mut s.f, &g.post_attn.wv, g.post_attn.eps);
-            }
-            clock.lap(Lap::Attention);
-            // 5. Residual, FFN norm, FFN.
-            if let Some(Some(rms)) = pre_norm_rms.get(l) {
-                for (xr, fr) in s.x.chunks_exact_mut(hidden).zip(s.f.chunks_exact(hidden)) {
-                    xr.iter_mut().zip(fr).for_each(|(x, f)| *x += *f);
-                }
-                s.rms.clear();
-                s.rms.extend(s.x.chunks_exact(hidden).map(|xr| {
-                    let ms = xr.iter().map(|v| v * v).sum::<f32>() / hidden as f32;
-                    (ms + layer.ffn_norm.eps).sqrt()
-                }));
-                rms.set(&s.rms);
-                rms_norm_rows(&s.x, &layer.ffn_norm.wv, layer.ffn_norm.eps, &mut s.h);
-            } else {
-                add_rms_norm_rows(
-                    &mut s.x,
-                    &s.f,
-                    &layer.ffn_norm.wv,
-                    layer.ffn_norm.eps,
-                    &mut s.h,
-                );
-            }
-            clock.lap(Lap::Other);
-            // The layer `prefetch_depth` ahead predicts its neurons on this residual, normed
-            // as it will norm its own, and its tier copies them in while this layer runs.
-            if let Some((norm, ahead)) = prefetch_target(layers, prefetch_depth, l) {
-                s.pf.resize(rows * hidden, 0.0);
-                rms_norm_rows(&s.x, &norm.wv, norm.eps, &mut s.pf);
-                ahead.prefetch(&s.pf, rows)?;
-            }
-            match &layer.ffn {
-                Ffn::Hybrid(ffn) => run_hybrid(ffn, &s.h, rows, &mut s.f)?,
-                Ffn::InputSparse(ffn) => ffn.forward_f32(&s.h, rows, &mut s.f)?,
-                Ffn::Kernels(ffn) => {
-                    let xq = ffn.gate_up.quantize_input(&mut s.xq, &s.h);
-                    ffn.forward_rows(xq, &mut s.f, &mut s.ffn, &mut s.tmp)?;
-                }
-                Ffn::Dense(_) => return Err(fused_error("a layer's FFN is candle's")),
-            }
-            if let Some(g) = &layer.gemma {
-                rms_norm_in_place(&mut s.f, &g.post_ffn.wv, g.post_ffn.eps);
-            }
-            clock.lap(Lap::Ffn);
         }
-        self.len = end;
-        // 6. Last residual add, final norm, LM head.
+        clock.lap(Lap::Other);
+        // 2. q, k, v in one product.
+        match qkv {
+            Projection::Rows(qkv) => {
+                let xq = qkv.quantize_input(&mut s.xq, &s.h);
+                qkv.forward_quantized(xq, &mut s.qkv, &mut s.tmp)?;
+            }
+            Projection::Columns(qkv) => qkv.forward_f32(&s.h, rows, &mut s.qkv)?,
+        }
+        // 3. (Gemma 3: each q and k head normed), RoPE in place, keys and values into the cache.
+        let local = cfg.gemma3.as_ref().filter(|g| g.local[l]);
+        let table = match local {
+            Some(_) => &self.rope_local,
+            None => &self.rope,
+        };
+        rope_rows(cfg, layer, table, &mut s.qkv, &mut self.kv[l], pos, rows);
+        // 4. Attention: one item per (row, KV head), its query heads side by side in `att`.
+        attend_rows(
+            cfg,
+            &self.pool,
+            s,
+            &self.kv[l],
+            pos,
+            end,
+            local.map(|g| g.window),
+        )?;
+        match o {
+            Projection::Rows(o) => {
+                let xq = o.quantize_input(&mut s.xq, &s.att);
+                o.forward_quantized(xq, &mut s.f, &mut s.tmp)?;
+            }
+            Projection::Columns(o) => o.forward_f32(&s.att, rows, &mut s.f)?,
+        }
+        if let Some(g) = &layer.gemma {
+            rms_norm_in_place(&mut s.f, &g.post_attn.wv, g.post_attn.eps);
+        }
+        clock.lap(Lap::Attention);
+        Ok(())
+    }
+
+    /// Layer `l`'s FFN block: the attention residual added, the FFN norm, a prefetch for the
+    /// layer `prefetch_depth` ahead, the FFN into `f`.
+    fn ffn_step(
+        &mut self,
+        cfg: &LlamaConfig,
+        layers: &[Layer],
+        l: usize,
+        prefetch_depth: usize,
+        clock: &mut Clock,
+    ) -> Result<()> {
+        let (s, layer, hidden) = (&mut self.s, &layers[l], cfg.hidden);
+        let rows = s.x.len() / hidden;
+        // A predictor on the pre-norm residual (PowerInfer's) gets each row's RMS.
+        let wants_rms = matches!(&layer.ffn, Ffn::Hybrid(h) if h.needs_row_rms());
+        s.rms.clear();
+        if wants_rms {
+            for (xr, fr) in s.x.chunks_exact_mut(hidden).zip(s.f.chunks_exact(hidden)) {
+                xr.iter_mut().zip(fr).for_each(|(x, f)| *x += *f);
+            }
+            s.rms.extend(
+                s.x.chunks_exact(hidden)
+                    .map(|xr| rms(xr, layer.ffn_norm.eps)),
+            );
+            rms_norm_rows(&s.x, &layer.ffn_norm.wv, layer.ffn_norm.eps, &mut s.h);
+        } else {
+            add_rms_norm_rows(
+                &mut s.x,
+                &s.f,
+                &layer.ffn_norm.wv,
+                layer.ffn_norm.eps,
+                &mut s.h,
+            );
+        }
+        clock.lap(Lap::Other);
+        // The layer `prefetch_depth` ahead predicts its neurons on this residual, normed as it
+        // will norm its own, and its tier copies them in while this layer runs.
+        if let Some((norm, ahead)) = prefetch_target(layers, prefetch_depth, l) {
+            s.pf.resize(rows * hidden, 0.0);
+            rms_norm_rows(&s.x, &norm.wv, norm.eps, &mut s.pf);
+            ahead.prefetch(&s.pf, rows)?;
+        }
+        match &layer.ffn {
+            Ffn::Hybrid(ffn) if wants_rms => {
+                ffn.forward_f32_with_row_rms(&s.h, rows, &s.rms, &mut s.f)?
+            }
+            Ffn::Hybrid(ffn) => ffn.forward_f32(&s.h, rows, &mut s.f)?,
+            Ffn::InputSparse(ffn) => ffn.forward_f32(&s.h, rows, &mut s.f)?,
+            Ffn::Kernels(ffn) => {
+                let xq = ffn.gate_up.quantize_input(&mut s.xq, &s.h);
+                ffn.forward_rows(xq, &mut s.f, &mut s.ffn, &mut s.tmp)?;
+            }
+            Ffn::Dense(_) => return Err(fused_error("a layer's FFN is candle's")),
+        }
+        if let Some(g) = &layer.gemma {
+            rms_norm_in_place(&mut s.f, &g.post_ffn.wv, g.post_ffn.eps);
+        }
+        clock.lap(Lap::Ffn);
+        Ok(())
+    }
+
+    /// The last residual add, the final norm and the LM head: the logits of the last row
+    /// (`last_only`) or of all `rows`.
+    fn head(&mut self, rows: usize, last_only: bool, clock: &mut Clock) -> Result<&[f32]> {
+        let s = &mut self.s;
+        let hidden = self.norm.len();
         let out_rows = if last_only { 1 } else { rows };
         let first = rows - out_rows;
         for (xr, fr) in s.x.chunks_exact_mut(hidden).zip(s.f.chunks_exact(hidden)) {
@@ -469,8 +482,88 @@ impl Decoder {
     }
 }
 
-fn run_hybrid(ffn: &HybridFfn, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
-    Ok(ffn.forward_f32(x, rows, out)?)
+/// Per row at positions `pos..pos + rows`: Gemma 3's q and k head norms, RoPE on every q and k
+/// head in place, and the row's key and value into the layer's cache.
+fn rope_rows(
+    cfg: &LlamaConfig,
+    layer: &Layer,
+    table: &RopeTable,
+    qkv: &mut [f32],
+    cache: &mut KvCache,
+    pos: usize,
+    rows: usize,
+) {
+    let hd = cfg.head_dim();
+    let (qw, kvw, half) = (cfg.heads * hd, cfg.kv_heads * hd, hd / 2);
+    let qkvw = qw + 2 * kvw;
+    for r in 0..rows {
+        let p = pos + r;
+        let (cos, sin) = (
+            &table.cos[p * half..][..half],
+            &table.sin[p * half..][..half],
+        );
+        let row = &mut qkv[r * qkvw..(r + 1) * qkvw];
+        if let Some(g) = &layer.gemma {
+            rms_norm_in_place(&mut row[..qw], &g.q.wv, g.q.eps);
+            rms_norm_in_place(&mut row[qw..qw + kvw], &g.k.wv, g.k.eps);
+        }
+        for head in row[..qw + kvw].chunks_exact_mut(hd) {
+            rope(head, cos, sin, cfg.rope_interleaved);
+        }
+        cache.k[p * kvw..(p + 1) * kvw].copy_from_slice(&row[qw..qw + kvw]);
+        cache.v[p * kvw..(p + 1) * kvw].copy_from_slice(&row[qw + kvw..]);
+    }
+}
+
+/// Attention of the rows at positions `pos..end` over the cache (all positions, or a local
+/// layer's last `window`) on the pool: one item per (row, KV head), its query heads side by
+/// side in `s.att`.
+fn attend_rows(
+    cfg: &LlamaConfig,
+    pool: &Pool,
+    s: &mut Scratch,
+    cache: &KvCache,
+    pos: usize,
+    end: usize,
+    window: Option<usize>,
+) -> Result<()> {
+    let hd = cfg.head_dim();
+    let (kvh, rep) = (cfg.kv_heads, cfg.heads / cfg.kv_heads.max(1));
+    let kvw = kvh * hd;
+    let qkvw = cfg.heads * hd + 2 * kvw;
+    let (rows, scale) = (end - pos, cfg.attention_scale);
+    let (qkv_rows, kc, vc) = (&s.qkv, &cache.k[..end * kvw], &cache.v[..end * kvw]);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    pool.run_chunks_with(
+        &mut s.att,
+        rows * kvh,
+        rep * hd,
+        &mut s.threads,
+        &|items, part, st| {
+            for (i, out) in items.zip(part.chunks_exact_mut(rep * hd)) {
+                let (r, g) = (i / kvh, i % kvh);
+                // Positions `first..=pos + r`: all of them, or a local layer's window.
+                let n = pos + r + 1;
+                let first = window.map_or(0, |w| n.saturating_sub(w));
+                st.scores.resize(rep * (n - first), 0.0);
+                let q = &qkv_rows[r * qkvw + g * rep * hd..][..rep * hd];
+                let kv = KvRows {
+                    keys: &kc[first * kvw + g * hd..],
+                    values: &vc[first * kvw + g * hd..],
+                    head_dim: hd,
+                    stride: kvw,
+                    positions: n - first,
+                };
+                if attend(q, &kv, scale, &mut st.scores, out).is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        },
+    );
+    match failed.into_inner() {
+        true => Err(fused_error("attention slices do not match the cache")),
+        false => Ok(()),
+    }
 }
 
 fn fused_error(reason: &str) -> crate::error::Error {

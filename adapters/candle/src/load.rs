@@ -17,7 +17,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::fused::{Decoder, Embed, KernelFfn};
 use crate::gguf::{qlinear, GgufFile};
 use crate::model::{
-    Attention, DenseFfn, Ffn, GemmaNorms, Layer, Linear, Llama, Projection, RmsNorm, TokenEmbedding,
+    Attention, DenseFfn, Execution, Ffn, GemmaNorms, Layer, Linear, Llama, Projection, RmsNorm,
+    TokenEmbedding,
 };
 
 /// How each layer's FFN is built.
@@ -243,6 +244,22 @@ fn install_artifact(mut model: Llama, mode: &FfnMode, model_path: &Path) -> Resu
 }
 
 fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
+    let cfg = gguf_config(gguf)?;
+    let (fused, ours) = gguf_plan(gguf, &cfg, mode)?;
+    // Grown as layers load: `cfg.layers` comes from the file and is not trusted for a capacity.
+    let mut layers = Vec::new();
+    for l in 0..cfg.layers {
+        layers.push(gguf_layer(gguf, &cfg, mode, l, fused, ours)?);
+    }
+    // The layers' temporaries are freed; give them back before the largest tensor is read.
+    powerinfer::cpu::release_freed_memory();
+    let norm_w = norm(gguf.dequantized("output_norm.weight")?, 0.0)?;
+    let (trunk, lm_head) = gguf_trunk(gguf, &cfg, fused)?;
+    finish(cfg, trunk, layers, norm_w, lm_head)
+}
+
+/// The file's hyper-parameters, PowerInfer's adjustments, and a llama 3.x file's RoPE factors.
+fn gguf_config(gguf: &mut GgufFile) -> Result<LlamaConfig> {
     let mut cfg = LlamaConfig::from_gguf(&gguf.content)?;
     crate::pwri::adjust_config(gguf, &mut cfg);
     if gguf.content.tensor_infos.contains_key("rope_freqs.weight") {
@@ -260,14 +277,23 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
         }
         cfg.rope_factors = Some(f);
     }
-    let dev = Device::Cpu;
-    // The fused decoder when every projection (and for `Fused` the FFN) is on our kernels.
+    Ok(cfg)
+}
+
+/// Where the model runs: the fused decoder's thread count when every projection (and for
+/// `Fused` and `InputSparse` the FFN) is on our kernels, and the thread count of powerinfer's
+/// linear layers inside candle's ops otherwise (`FfnMode::Hybrid` with `powerinfer_linears`).
+fn gguf_plan(
+    gguf: &GgufFile,
+    cfg: &LlamaConfig,
+    mode: &FfnMode,
+) -> Result<(Option<usize>, Option<usize>)> {
     let fused = match mode {
         FfnMode::Fused { threads } | FfnMode::InputSparse { threads, .. } => {
             if *threads == 0 {
                 return Err(powerinfer::Error::config("threads", "must be at least 1").into());
             }
-            if let Some((name, t)) = unpackable(gguf, &cfg, true) {
+            if let Some((name, t)) = unpackable(gguf, cfg, true) {
                 return Err(powerinfer::Error::config(
                     "fused decoder",
                     format!(
@@ -282,7 +308,7 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
             powerinfer_linears: true,
             options,
             ..
-        } if unpackable(gguf, &cfg, false).is_none() => Some(options.threads),
+        } if unpackable(gguf, cfg, false).is_none() => Some(options.threads),
         _ => None,
     };
     let ours = match mode {
@@ -301,127 +327,153 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
         )
         .into());
     }
-    // Grown as layers load: `cfg.layers` comes from the file and is not trusted for a capacity.
-    let mut layers = Vec::new();
-    for l in 0..cfg.layers {
-        let p = format!("blk.{l}");
-        let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
-        let f32_linear = |g: &mut GgufFile, n: &str| -> Result<Linear> {
-            Ok(Linear::Candle {
-                w: QMatMul::Tensor(deq(g, n)?),
-                b: g.bias(&format!("{p}.{n}"))?,
-            })
-        };
-        let lin = |g: &mut GgufFile, n: &str| match mode {
-            FfnMode::Analysis => f32_linear(g, n),
-            _ => g.linear(&format!("{p}.{n}"), ours),
-        };
-        let attn = match (fused, mode) {
-            (
-                Some(t),
-                FfnMode::InputSparse {
-                    attention: true, ..
-                },
-            ) => Attention::Fused {
-                qkv: Projection::Columns(Box::new(gguf.stacked_columns(
-                    &p,
-                    &["attn_q", "attn_k", "attn_v"],
-                    t,
-                )?)),
-                o: Projection::Columns(Box::new(gguf.stacked_columns(&p, &["attn_output"], t)?)),
-            },
-            (Some(t), _) => Attention::Fused {
-                qkv: Projection::Rows(Arc::new(gguf.stacked(
-                    &p,
-                    &["attn_q", "attn_k", "attn_v"],
-                    t,
-                )?)),
-                o: Projection::Rows(Arc::new(gguf.stacked(&p, &["attn_output"], t)?)),
-            },
-            (None, _) => Attention::Ops {
-                q: lin(gguf, "attn_q")?,
-                k: lin(gguf, "attn_k")?,
-                v: lin(gguf, "attn_v")?,
-                o: lin(gguf, "attn_output")?,
-            },
-        };
-        let ffn = match mode {
-            FfnMode::Dense => Ffn::Dense(DenseFfn {
-                gate: gguf.linear(&format!("{p}.ffn_gate"), None)?,
-                up: gguf.linear(&format!("{p}.ffn_up"), None)?,
-                down: gguf.linear(&format!("{p}.ffn_down"), None)?,
-                act: cfg.activation,
-            }),
-            FfnMode::DenseF32 | FfnMode::Analysis => Ffn::Dense(DenseFfn {
-                gate: f32_linear(gguf, "ffn_gate")?,
-                up: f32_linear(gguf, "ffn_up")?,
-                down: f32_linear(gguf, "ffn_down")?,
-                act: cfg.activation,
-            }),
-            FfnMode::Fused { threads } => Ffn::Kernels(Box::new(KernelFfn {
-                gate_up: gguf.stacked(&p, &["ffn_gate", "ffn_up"], *threads)?,
-                down: gguf.stacked(&p, &["ffn_down"], *threads)?,
-                act: cfg.activation,
-            })),
+    Ok((fused, ours))
+}
+
+/// Layer `l` as `mode` builds it (see [`gguf_plan`] for `fused` and `ours`).
+fn gguf_layer(
+    gguf: &mut GgufFile,
+    cfg: &LlamaConfig,
+    mode: &FfnMode,
+    l: usize,
+    fused: Option<usize>,
+    ours: Option<usize>,
+) -> Result<Layer> {
+    let p = format!("blk.{l}");
+    let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
+    let attn = gguf_attention(gguf, &p, mode, fused, ours)?;
+    let ffn = gguf_ffn(gguf, cfg, mode, l)?;
+    let gemma = match cfg.gemma3 {
+        Some(_) => Some(GemmaNorms {
+            q: norm(deq(gguf, "attn_q_norm")?, cfg.rms_eps)?,
+            k: norm(deq(gguf, "attn_k_norm")?, cfg.rms_eps)?,
+            post_attn: norm(deq(gguf, "post_attention_norm")?, cfg.rms_eps)?,
+            post_ffn: norm(deq(gguf, "post_ffw_norm")?, cfg.rms_eps)?,
+        }),
+        None => None,
+    };
+    Ok(Layer {
+        attn_norm: norm(deq(gguf, "attn_norm")?, cfg.rms_eps)?,
+        attn,
+        ffn_norm: norm(deq(gguf, "ffn_norm")?, cfg.rms_eps)?,
+        ffn,
+        gemma,
+        kv: None,
+    })
+}
+
+/// A dense f32 linear layer `{p}.{n}` (weights dequantized, optional bias).
+fn f32_linear(g: &mut GgufFile, p: &str, n: &str) -> Result<Linear> {
+    Ok(Linear::Candle {
+        w: QMatMul::Tensor(g.dequantized(&format!("{p}.{n}.weight"))?),
+        b: g.bias(&format!("{p}.{n}"))?,
+    })
+}
+
+/// The attention projections of the layer with prefix `p`: the fused decoder's stacked q/k/v
+/// and o (rows, or input-sparse columns), or four linear layers for candle's ops.
+fn gguf_attention(
+    gguf: &mut GgufFile,
+    p: &str,
+    mode: &FfnMode,
+    fused: Option<usize>,
+    ours: Option<usize>,
+) -> Result<Attention> {
+    let lin = |g: &mut GgufFile, n: &str| match mode {
+        FfnMode::Analysis => f32_linear(g, p, n),
+        _ => g.linear(&format!("{p}.{n}"), ours),
+    };
+    let qkv = ["attn_q", "attn_k", "attn_v"];
+    Ok(match (fused, mode) {
+        (
+            Some(t),
             FfnMode::InputSparse {
-                threads, up_rows, ..
-            } => {
-                let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
+                attention: true, ..
+            },
+        ) => Attention::Fused {
+            qkv: Projection::Columns(Box::new(gguf.stacked_columns(p, &qkv, t)?)),
+            o: Projection::Columns(Box::new(gguf.stacked_columns(p, &["attn_output"], t)?)),
+        },
+        (Some(t), _) => Attention::Fused {
+            qkv: Projection::Rows(Arc::new(gguf.stacked(p, &qkv, t)?)),
+            o: Projection::Rows(Arc::new(gguf.stacked(p, &["attn_output"], t)?)),
+        },
+        (None, _) => Attention::Ops {
+            q: lin(gguf, "attn_q")?,
+            k: lin(gguf, "attn_k")?,
+            v: lin(gguf, "attn_v")?,
+            o: lin(gguf, "attn_output")?,
+        },
+    })
+}
+
+/// Layer `l`'s FFN as `mode` says.
+fn gguf_ffn(gguf: &mut GgufFile, cfg: &LlamaConfig, mode: &FfnMode, l: usize) -> Result<Ffn> {
+    let p = format!("blk.{l}");
+    let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
+    let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
+    Ok(match mode {
+        FfnMode::Dense => Ffn::Dense(DenseFfn {
+            gate: gguf.linear(&format!("{p}.ffn_gate"), None)?,
+            up: gguf.linear(&format!("{p}.ffn_up"), None)?,
+            down: gguf.linear(&format!("{p}.ffn_down"), None)?,
+            act: cfg.activation,
+        }),
+        FfnMode::DenseF32 | FfnMode::Analysis => Ffn::Dense(DenseFfn {
+            gate: f32_linear(gguf, &p, "ffn_gate")?,
+            up: f32_linear(gguf, &p, "ffn_up")?,
+            down: f32_linear(gguf, &p, "ffn_down")?,
+            act: cfg.activation,
+        }),
+        FfnMode::Fused { threads } => Ffn::Kernels(Box::new(KernelFfn {
+            gate_up: gguf.stacked(&p, &["ffn_gate", "ffn_up"], *threads)?,
+            down: gguf.stacked(&p, &["ffn_down"], *threads)?,
+            act: cfg.activation,
+        })),
+        FfnMode::InputSparse {
+            threads, up_rows, ..
+        } => {
+            let (gate, up) = (t(gguf, "ffn_gate")?, t(gguf, "ffn_up")?);
+            let down = t(gguf, "ffn_down")?;
+            let spec = FfnSpec::gated(cfg.hidden, cfg.intermediate, cfg.activation)?;
+            Ffn::InputSparse(Box::new(if *up_rows {
+                InputSparseFfn::from_qtensors_up_rows(spec, &gate, &up, &down, *threads, None)?
+            } else {
+                InputSparseFfn::from_qtensors(spec, Some(&gate), &up, &down, *threads, None)?
+            }))
+        }
+        FfnMode::Hybrid { .. } => hybrid_ffn(cfg, mode, l, |spec, storage| match storage {
+            None => {
                 let (gate, up) = (t(gguf, "ffn_gate")?, t(gguf, "ffn_up")?);
                 let down = t(gguf, "ffn_down")?;
-                let spec = FfnSpec::gated(cfg.hidden, cfg.intermediate, cfg.activation)?;
-                Ffn::InputSparse(Box::new(if *up_rows {
-                    InputSparseFfn::from_qtensors_up_rows(spec, &gate, &up, &down, *threads, None)?
-                } else {
-                    InputSparseFfn::from_qtensors(spec, Some(&gate), &up, &down, *threads, None)?
-                }))
+                Ok(NeuronBundles::from_qtensors(spec, Some(&gate), &up, &down)?)
             }
-            FfnMode::Hybrid { .. } => hybrid_ffn(&cfg, mode, l, |spec, storage| match storage {
-                None => {
-                    let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
-                    let (gate, up) = (t(gguf, "ffn_gate")?, t(gguf, "ffn_up")?);
-                    let down = t(gguf, "ffn_down")?;
-                    Ok(NeuronBundles::from_qtensors(spec, Some(&gate), &up, &down)?)
-                }
-                Some(s) => {
-                    let w = [
-                        deq(gguf, "ffn_gate")?,
-                        deq(gguf, "ffn_up")?,
-                        deq(gguf, "ffn_down")?,
-                    ];
-                    float_bundles(spec, s, w)
-                }
-            })?,
-        };
-        let gemma = match cfg.gemma3 {
-            Some(_) => Some(GemmaNorms {
-                q: norm(deq(gguf, "attn_q_norm")?, cfg.rms_eps)?,
-                k: norm(deq(gguf, "attn_k_norm")?, cfg.rms_eps)?,
-                post_attn: norm(deq(gguf, "post_attention_norm")?, cfg.rms_eps)?,
-                post_ffn: norm(deq(gguf, "post_ffw_norm")?, cfg.rms_eps)?,
-            }),
-            None => None,
-        };
-        layers.push(Layer {
-            attn_norm: norm(deq(gguf, "attn_norm")?, cfg.rms_eps)?,
-            attn,
-            ffn_norm: norm(deq(gguf, "ffn_norm")?, cfg.rms_eps)?,
-            ffn,
-            gemma,
-            kv: None,
-        });
-    }
-    // The layers' temporaries are freed; give them back before the largest tensor is read.
-    powerinfer::cpu::release_freed_memory();
-    let norm_w = norm(gguf.dequantized("output_norm.weight")?, 0.0)?;
+            Some(s) => {
+                let w = [
+                    deq(gguf, "ffn_gate")?,
+                    deq(gguf, "ffn_up")?,
+                    deq(gguf, "ffn_down")?,
+                ];
+                float_bundles(spec, s, w)
+            }
+        })?,
+    })
+}
+
+/// The embedding and the LM head: on the fused decoder, the LM head on our kernels packed
+/// straight from the file (a tied embedding reads its rows, held once); on candle's ops, the
+/// embedding's rows dequantized per token where our kernels read its blocks.
+fn gguf_trunk(
+    gguf: &mut GgufFile,
+    cfg: &LlamaConfig,
+    fused: Option<usize>,
+) -> Result<(Trunk, Linear)> {
     let tied = !gguf.content.tensor_infos.contains_key("output.weight");
     let head_name = if tied {
         "token_embd.weight"
     } else {
         "output.weight"
     };
-    // Fused: the LM head on our kernels, packed straight from the file; a tied embedding reads
-    // the LM head's rows (held once).
     if let Some(t) = fused {
         let packed =
             |g: &mut GgufFile, n: &str| -> Result<Option<Arc<powerinfer::layers::QLinear>>> {
@@ -447,18 +499,19 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
             },
         };
         let lm_head = Linear::Powerinfer(Arc::clone(&head));
-        return finish(cfg, None, layers, norm_w, lm_head, Some((embed, head)));
+        return Ok((Trunk::Fused { embed, head }, lm_head));
     }
     let embed_q = Arc::new(gguf.tensor("token_embd.weight")?);
-    // In blocks we can read: the embedding dequantizes its rows per token (a tied one reads the
-    // LM head's blocks, held once).
     let embed = match powerinfer::cpu::BlockKind::from_ggml(embed_q.dtype()) {
         Some(kind) => TokenEmbedding::Rows {
             w: Arc::clone(&embed_q),
             kind,
             hidden: cfg.hidden,
         },
-        None => TokenEmbedding::Table(Embedding::new(embed_q.dequantize(&dev)?, cfg.hidden)),
+        None => TokenEmbedding::Table(Embedding::new(
+            embed_q.dequantize(&Device::Cpu)?,
+            cfg.hidden,
+        )),
     };
     let lm_head = match tied {
         true => Linear::Candle {
@@ -467,49 +520,50 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
         },
         false => qlinear(gguf.tensor("output.weight")?, None)?,
     };
-    finish(cfg, Some(embed), layers, norm_w, lm_head, None)
+    Ok((Trunk::Candle(embed), lm_head))
+}
+
+/// What runs around the layers: candle's embedding, or the fused decoder's embedding and LM head.
+enum Trunk {
+    Candle(TokenEmbedding),
+    Fused {
+        embed: Embed,
+        head: Arc<powerinfer::layers::QLinear>,
+    },
 }
 
 fn finish(
     cfg: LlamaConfig,
-    embed: Option<TokenEmbedding>,
+    trunk: Trunk,
     layers: Vec<Layer>,
     norm_: RmsNorm,
     lm_head: Linear,
-    fused: Option<(Embed, Arc<powerinfer::layers::QLinear>)>,
 ) -> Result<Llama> {
     let norm_ = RmsNorm {
         eps: cfg.rms_eps as f32,
         ..norm_
     };
-    let positions = cfg.context.min(crate::model::MAX_POSITIONS);
-    let (decoder, cos, sin) = match fused {
-        Some((embed, head)) => {
-            // The decoder grows its own tables with its KV cache; the candle path's stay as
-            // empty `[positions, 0]` tensors, which still say how many positions there are.
-            let d = Decoder::new(&cfg, embed, head, norm_.wv.clone())?;
-            let empty = Tensor::zeros((positions, 0), DType::F32, &Device::Cpu)?;
-            (Some(d), empty.clone(), empty)
+    let exec = match trunk {
+        // The decoder grows its own RoPE tables with its KV cache.
+        Trunk::Fused { embed, head } => {
+            Execution::Fused(Box::new(Decoder::new(&cfg, embed, head, norm_.wv.clone())?))
         }
-        None => {
+        Trunk::Candle(embed) => {
+            let positions = cfg.context.min(crate::model::MAX_POSITIONS);
             let (cos, sin) =
                 crate::model::rope_tables(&cfg, cfg.rope_theta, positions, &Device::Cpu)?;
-            (None, cos, sin)
+            Execution::Candle { embed, cos, sin }
         }
     };
     Ok(Llama {
-        embed,
+        exec,
         config: cfg,
         layers,
         norm: norm_,
         lm_head,
-        cos,
-        sin,
         timings: None,
         logits_copy: Vec::new(),
         prefetch_depth: 0,
-        pre_norm_rms: Vec::new(),
-        decoder,
     })
 }
 
@@ -632,13 +686,12 @@ fn build_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
     let embed = TokenEmbedding::Table(Embedding::new(embed, cfg.hidden));
     finish(
         cfg,
-        Some(embed),
+        Trunk::Candle(embed),
         layers,
         norm(norm_w, 0.0)?,
         Linear::Candle {
             w: QMatMul::Tensor(lm_head),
             b: None,
         },
-        None,
     )
 }

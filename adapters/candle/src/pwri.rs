@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor, D};
 use powerinfer::format::{GgufMagic, PowerInferFile};
-use powerinfer::{predict::RowRms, tier::LayerPlacement, Activation};
+use powerinfer::{tier::LayerPlacement, Activation, HybridFfn};
 
 use crate::config::LlamaConfig;
 use crate::error::{check_count, Error, Result};
@@ -66,18 +66,23 @@ pub(crate) fn down_from_transposed(gguf: &mut GgufFile, name: &str) -> Result<Op
     Ok(Some(QTensor::quantize(&down, keep)?))
 }
 
-/// Hands a PowerInfer predictor `sqrt(mean(x^2) + eps)` of each row of the pre-norm input `x`.
-pub(crate) fn set_row_rms(rms: &RowRms, x: &Tensor, eps: f32) -> Result<()> {
-    let r = x
-        .to_dtype(DType::F32)?
+/// `sqrt(mean(x^2) + eps)` of each row of the pre-norm input `x`, for a PowerInfer predictor.
+pub(crate) fn row_rms(x: &Tensor, eps: f32) -> Result<Vec<f32>> {
+    Ok(x.to_dtype(DType::F32)?
         .sqr()?
         .mean_keepdim(D::Minus1)?
         .affine(1.0, eps as f64)?
         .sqrt()?
         .flatten_all()?
-        .to_vec1::<f32>()?;
-    rms.set(&r);
-    Ok(())
+        .to_vec1::<f32>()?)
+}
+
+/// The hybrid FFN on the normed input `h` (`[.., hidden]`) with its rows' pre-norm RMS.
+pub(crate) fn forward_with_row_rms(ffn: &HybridFfn, h: &Tensor, row_rms: &[f32]) -> Result<Tensor> {
+    let x = h.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; x.len()];
+    ffn.forward_f32_with_row_rms(&x, row_rms.len(), row_rms, &mut out)?;
+    Ok(Tensor::from_vec(out, h.dims(), h.device())?.to_dtype(h.dtype())?)
 }
 
 fn config_error(setting: &str, reason: String) -> Error {
@@ -106,7 +111,6 @@ impl Llama {
             self.layers.len(),
             n,
         )?;
-        let mut rms = Vec::with_capacity(n);
         for (l, layer) in self.layers.iter_mut().enumerate() {
             let Ffn::Hybrid(h) = &mut layer.ffn else {
                 return Err(config_error(
@@ -114,17 +118,10 @@ impl Llama {
                     format!("layer {l} has a dense FFN; load the model with FfnMode::Hybrid"),
                 ));
             };
-            let mut p = file.pre_norm_predictor(l, &layer.ffn_norm.w)?;
-            if p.needs_row_rms() {
-                let r = RowRms::new();
-                p = p.with_row_rms(r.clone());
-                rms.push(Some(r));
-            } else {
-                rms.push(None);
-            }
-            h.set_predictor(p);
+            // At a non-zero threshold the predictor asks for each row's pre-norm RMS, which
+            // both decoders pass in the call (`HybridFfn::needs_row_rms`).
+            h.set_predictor(file.pre_norm_predictor(l, &layer.ffn_norm.w)?);
         }
-        self.pre_norm_rms = rms;
         Ok(())
     }
 

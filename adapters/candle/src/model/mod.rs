@@ -1,0 +1,416 @@
+//! A llama-family decoder (RMSNorm, RoPE, grouped-query attention with a KV cache) whose FFN is
+//! either the dense candle FFN (the reference) or `powerinfer::HybridFfn`.
+//!
+//! Dense and sparse are the same code path with a different [`Ffn`]. The dense path uses candle's
+//! own quantized matmul, op for op as `candle_transformers::models::quantized_llama`, so it is the
+//! peer the tests compare against.
+
+mod layers;
+mod rope;
+mod timing;
+
+use candle_core::{DType, Device, IndexOp, Module, Tensor};
+use powerinfer::HybridFfn;
+
+use crate::config::LlamaConfig;
+use crate::error::{ErrorKind, Result};
+use crate::fused::Decoder;
+
+pub(crate) use layers::{Attention, GemmaNorms, Layer, Projection, RmsNorm, TokenEmbedding};
+pub use layers::{DenseFfn, Ffn, FfnProbe, Linear};
+use rope::attention;
+pub(crate) use rope::{rope_freqs, rope_tables, MAX_POSITIONS};
+use timing::linear_bytes;
+pub(crate) use timing::{Clock, Lap};
+pub use timing::{DecodeBytes, Timings};
+
+/// How a model runs a forward pass, chosen once at load.
+#[derive(Debug)]
+pub(crate) enum Execution {
+    /// candle ops around the FFN (the reference path): the token embedding and the RoPE tables
+    /// (`[positions, head_dim / 2]`).
+    Candle {
+        embed: TokenEmbedding,
+        cos: Tensor,
+        sin: Tensor,
+    },
+    /// The fused decoder: every projection and the FFN on powerinfer's kernels and one thread
+    /// pool (it holds its own embedding, tables and KV cache).
+    Fused(Box<Decoder>),
+}
+
+/// A llama-family causal LM.
+#[derive(Debug)]
+pub struct Llama {
+    pub(crate) config: LlamaConfig,
+    /// How a forward pass runs: candle ops, or the fused decoder.
+    pub(crate) exec: Execution,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: RmsNorm,
+    pub(crate) lm_head: Linear,
+    pub(crate) timings: Option<Timings>,
+    /// The candle path's copy of the last logits for [`Llama::forward_logits`].
+    pub(crate) logits_copy: Vec<f32>,
+    /// Layers ahead whose fast tiers prefetch their predicted neurons (0: none; see
+    /// [`crate::TierOptions::prefetch_depth`]).
+    pub(crate) prefetch_depth: usize,
+}
+
+impl Llama {
+    /// The hyper-parameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The FFN of every layer (to read statistics or switch modes).
+    pub fn ffns(&self) -> impl Iterator<Item = &Ffn> {
+        self.layers.iter().map(|l| &l.ffn)
+    }
+
+    /// Starts (or resets) per-component timing.
+    pub fn enable_timings(&mut self) {
+        self.timings = Some(Timings::default());
+    }
+
+    /// Per-component times since [`Llama::enable_timings`].
+    pub fn timings(&self) -> Option<&Timings> {
+        self.timings.as_ref()
+    }
+
+    /// Bytes of weights one decoded token reads, by component, as this model stores them.
+    pub fn decode_bytes(&self) -> DecodeBytes {
+        let cfg = &self.config;
+        let mut b = DecodeBytes {
+            lm_head: linear_bytes(&self.lm_head),
+            kv_per_position: 2 * cfg.layers * cfg.kv_heads * cfg.head_dim() * 4,
+            ..Default::default()
+        };
+        for l in &self.layers {
+            b.attention += match &l.attn {
+                Attention::Ops { q, k, v, o } => [q, k, v, o].iter().map(|l| linear_bytes(l)).sum(),
+                Attention::Fused { qkv, o } => qkv.bytes() + o.bytes(),
+            };
+            let (gu, d) = match &l.ffn {
+                Ffn::Dense(f) => (
+                    linear_bytes(&f.gate) + linear_bytes(&f.up),
+                    linear_bytes(&f.down),
+                ),
+                Ffn::Kernels(f) => (f.gate_up.bytes(), f.down.bytes()),
+                Ffn::InputSparse(f) => {
+                    let (g, u, d) = f.matrix_bytes();
+                    (g + u, d)
+                }
+                Ffn::Hybrid(h) => {
+                    let (spec, dt) = (h.spec(), h.bundles().dtype());
+                    let rows = if spec.is_gated() { 2 } else { 1 };
+                    (
+                        rows * dt.row_bytes(spec.hidden()) * spec.intermediate(),
+                        dt.down().row_bytes(spec.hidden()) * spec.intermediate(),
+                    )
+                }
+            };
+            b.ffn_gate_up += gu;
+            b.ffn_down += d;
+        }
+        b
+    }
+
+    /// Forgets the KV cache (start a new sequence).
+    pub fn clear_kv_cache(&mut self) {
+        for l in &mut self.layers {
+            l.kv = None;
+        }
+        if let Execution::Fused(d) = &mut self.exec {
+            d.clear();
+        }
+    }
+
+    /// Whether this model runs on the fused decoder (every projection and the FFN on
+    /// powerinfer's kernels and one thread pool; see [`crate::FfnMode`]) rather than on candle ops.
+    pub fn is_fused(&self) -> bool {
+        matches!(self.exec, Execution::Fused(_))
+    }
+
+    /// Preallocates the fused decoder's KV cache for `positions` positions (it otherwise grows
+    /// geometrically as a sequence does). No effect on the candle path.
+    pub fn reserve_kv_cache(&mut self, positions: usize) {
+        if let Execution::Fused(d) = &mut self.exec {
+            d.reserve(&self.config, positions);
+        }
+    }
+
+    /// Like [`Llama::forward`] but returns the last position's logits as a slice the model owns:
+    /// on the fused decoder this allocates nothing once the sequence's buffers have grown (the
+    /// decode loop of a server or benchmark). On the candle path it copies the logits tensor.
+    pub fn forward_logits(&mut self, tokens: &[u32], pos: usize) -> Result<&[f32]> {
+        if !self.is_fused() {
+            let t = self.forward_impl(tokens, pos, true)?;
+            self.logits_copy = t.to_vec1::<f32>()?;
+            return Ok(&self.logits_copy);
+        }
+        let mut clock = Clock::new(self.timings.is_some());
+        self.check_tokens(tokens, pos)?;
+        let Llama {
+            config,
+            layers,
+            exec: Execution::Fused(d),
+            timings,
+            prefetch_depth,
+            ..
+        } = self
+        else {
+            return Err(powerinfer::Error::config("fused decoder", "not built").into());
+        };
+        let logits = d.forward(
+            config,
+            layers,
+            *prefetch_depth,
+            tokens,
+            pos,
+            true,
+            &mut clock,
+        )?;
+        clock.lap(Lap::LmHead);
+        if let Some(t) = timings {
+            clock.add_to(t);
+        }
+        check_logits(logits)?;
+        Ok(logits)
+    }
+
+    /// Runs `tokens` (one sequence) at positions `pos..pos + tokens.len()` and returns the logits
+    /// of every position (`[tokens, vocab]`, f32). Tokens past the context are a typed error.
+    pub fn forward_all(&mut self, tokens: &[u32], pos: usize) -> Result<Tensor> {
+        self.forward_impl(tokens, pos, false)
+    }
+
+    /// Like [`Llama::forward_all`] but returns only the last position's logits (`[vocab]`).
+    pub fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Tensor> {
+        self.forward_impl(tokens, pos, true)
+    }
+
+    /// Runs `tokens` in independent windows of `chunk` tokens through the decoder layers only (no
+    /// LM head), showing each layer's FFN input and activations to `probe`. Needs dense FFNs
+    /// (load with [`crate::FfnMode::Analysis`] for speed: f32 GEMMs).
+    pub fn probe_ffn(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        probe: &mut dyn FfnProbe,
+    ) -> Result<()> {
+        if self.layers.iter().any(|l| matches!(l.ffn, Ffn::Hybrid(_))) {
+            return Err(powerinfer::Error::config(
+                "ffn",
+                "probing needs dense FFNs (FfnMode::Analysis or Dense)",
+            )
+            .into());
+        }
+        let chunk = chunk.clamp(1, self.config.context);
+        for w in tokens.chunks(chunk) {
+            self.clear_kv_cache();
+            self.trunk(w, 0, Some(&mut *probe))?;
+        }
+        self.clear_kv_cache();
+        Ok(())
+    }
+
+    fn forward_impl(&mut self, tokens: &[u32], pos: usize, last_only: bool) -> Result<Tensor> {
+        let mut clock = Clock::new(self.timings.is_some());
+        if self.is_fused() {
+            self.check_tokens(tokens, pos)?;
+        }
+        if let Execution::Fused(d) = &mut self.exec {
+            let logits = d.forward(
+                &self.config,
+                &self.layers,
+                self.prefetch_depth,
+                tokens,
+                pos,
+                last_only,
+                &mut clock,
+            )?;
+            let vocab = self.config.vocab;
+            check_logits(logits)?;
+            let t = if last_only {
+                Tensor::from_slice(logits, vocab, &Device::Cpu)?
+            } else {
+                Tensor::from_slice(logits, (tokens.len(), vocab), &Device::Cpu)?
+            };
+            clock.lap(Lap::LmHead);
+            if let Some(t) = &mut self.timings {
+                clock.add_to(t);
+            }
+            return Ok(t);
+        }
+        let x = self.trunk_timed(tokens, pos, None, &mut clock)?;
+        let seq = tokens.len();
+        let x = if last_only {
+            x.i((.., seq - 1..seq, ..))?
+        } else {
+            x
+        };
+        let x = self.norm.forward(&x)?;
+        let logits = self.lm_head.forward(&x)?.squeeze(0)?;
+        let logits = if last_only {
+            logits.squeeze(0)?
+        } else {
+            logits
+        };
+        let logits = logits.to_dtype(DType::F32)?;
+        // One sum finds a NaN or infinity without copying the logits out.
+        if !logits.sum_all()?.to_scalar::<f32>()?.is_finite() {
+            check_logits(&logits.flatten_all()?.to_vec1::<f32>()?)?;
+        }
+        clock.lap(Lap::LmHead);
+        if let Some(t) = &mut self.timings {
+            clock.add_to(t);
+        }
+        Ok(logits)
+    }
+
+    /// While layer `l` runs: the layer `prefetch_depth` ahead, if it has a fast tier to prefetch
+    /// into, with its FFN norm.
+    fn prefetch_target(&self, l: usize) -> Option<(&RmsNorm, &HybridFfn)> {
+        prefetch_target(&self.layers, self.prefetch_depth, l)
+    }
+
+    /// Tokens to run at `pos`: at least one, inside the context and the vocabulary.
+    fn check_tokens(&self, tokens: &[u32], pos: usize) -> Result<()> {
+        let seq = tokens.len();
+        if seq == 0 {
+            return Err(ErrorKind::Prompt {
+                reason: "no tokens to run".into(),
+            }
+            .into());
+        }
+        let positions = match &self.exec {
+            Execution::Candle { cos, .. } => cos.dim(0)?,
+            Execution::Fused(d) => d.max_positions(),
+        };
+        if pos + seq > self.config.context.min(positions) {
+            return Err(ErrorKind::Prompt {
+                reason: format!(
+                    "{} tokens exceed the context of {}",
+                    pos + seq,
+                    self.config.context
+                ),
+            }
+            .into());
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
+            return Err(ErrorKind::Prompt {
+                reason: format!(
+                    "token id {t} is outside the vocabulary ({})",
+                    self.config.vocab
+                ),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn trunk(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        probe: Option<&mut dyn FfnProbe>,
+    ) -> Result<Tensor> {
+        self.trunk_timed(tokens, pos, probe, &mut Clock::new(false))
+    }
+
+    /// Embedding and decoder layers: the hidden states `[1, tokens, hidden]` before the final norm.
+    fn trunk_timed(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        mut probe: Option<&mut dyn FfnProbe>,
+        clock: &mut Clock,
+    ) -> Result<Tensor> {
+        self.check_tokens(tokens, pos)?;
+        let seq = tokens.len();
+        let dev = Device::Cpu;
+        let ids = Tensor::new(tokens, &dev)?.unsqueeze(0)?;
+        let mask = if seq == 1 {
+            None
+        } else {
+            Some(candle_transformers::utils::build_causal_mask(
+                seq, pos, &dev,
+            )?)
+        };
+        let Execution::Candle { embed, cos, sin } = &self.exec else {
+            return Err(powerinfer::Error::config(
+                "embedding",
+                "fused models run on the fused decoder",
+            )
+            .into());
+        };
+        let mut x = embed.forward(tokens, &ids)?;
+        let (cos, sin) = (cos.narrow(0, pos, seq)?, sin.narrow(0, pos, seq)?);
+        clock.lap(Lap::Other);
+        let cfg = &self.config;
+        for l in 0..self.layers.len() {
+            let layer = &mut self.layers[l];
+            let h = layer.attn_norm.forward(&x)?;
+            clock.lap(Lap::Other);
+            let a = attention(layer, cfg, &h, &cos, &sin, mask.as_ref(), pos)?;
+            clock.lap(Lap::Attention);
+            x = (a + &x)?;
+            // A predictor on the pre-norm residual (PowerInfer's) gets each row's RMS.
+            let row_rms = match &layer.ffn {
+                Ffn::Hybrid(h) if h.needs_row_rms() => {
+                    Some(crate::pwri::row_rms(&x, layer.ffn_norm.eps)?)
+                }
+                _ => None,
+            };
+            let h = layer.ffn_norm.forward(&x)?;
+            clock.lap(Lap::Other);
+            if let Some((ahead, ffn)) = self.prefetch_target(l) {
+                let p = ahead.forward(&x)?.flatten_all()?.to_dtype(DType::F32)?;
+                ffn.prefetch(&p.to_vec1::<f32>()?, seq)?;
+            }
+            let layer = &self.layers[l];
+            let f = match (&layer.ffn, probe.as_deref_mut(), &row_rms) {
+                (Ffn::Dense(d), Some(p), _) => {
+                    let act = d.activations(&h)?;
+                    let rows = (seq, cfg.hidden);
+                    p.observe(l, &h.reshape(rows)?, &act.reshape((seq, cfg.intermediate))?)?;
+                    d.down.forward(&act)?
+                }
+                (Ffn::Hybrid(ffn), _, Some(r)) => crate::pwri::forward_with_row_rms(ffn, &h, r)?,
+                (ffn, _, _) => ffn.forward(&h)?,
+            };
+            clock.lap(Lap::Ffn);
+            x = (f + &x)?;
+        }
+        Ok(x)
+    }
+}
+
+/// Non-finite logits (from NaN or infinite weights the load could not see, or values that
+/// overflowed) are a typed error rather than a token sampled from garbage.
+fn check_logits(logits: &[f32]) -> Result<()> {
+    match logits.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(powerinfer::Error::from(powerinfer::ErrorKind::NonFinite {
+            tensor: "logits".into(),
+            index,
+        })
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// See [`Llama::prefetch_target`] (the fused decoder borrows the layers alone).
+pub(crate) fn prefetch_target(
+    layers: &[Layer],
+    depth: usize,
+    l: usize,
+) -> Option<(&RmsNorm, &HybridFfn)> {
+    if depth == 0 {
+        return None;
+    }
+    let ahead = layers.get(l + depth)?;
+    match &ahead.ffn {
+        Ffn::Hybrid(h) if h.fast_tier().is_some() => Some((&ahead.ffn_norm, h)),
+        _ => None,
+    }
+}
