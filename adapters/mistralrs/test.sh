@@ -9,7 +9,9 @@
 #      gives the dense MLP's tokens exactly; the artifact's trained predictors generate text and
 #      report their realized sparsity; the artifact's input rule runs through mistral.rs's bench;
 #   4. the unit and loader tests of the patch (cargo test);
-#   5. mistral.rs's OpenAI server answers /v1/chat/completions on loopback with the sparse FFN.
+#   5. mistral.rs's OpenAI server answers /v1/chat/completions on loopback with the sparse FFN,
+#      and twelve requests sent at once get the answers they get alone (the input rule batched 4
+#      at a time; the trained predictors one at a time).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -56,7 +58,14 @@ step "the artifact's input rule through mistral.rs: decode speed against the den
 step "tests of the patch"
 (cd "$here" && POWERINFER_TEST_ARTIFACT="$work/smollm2.powerinfer" cargo test --release --locked)
 
-step "OpenAI-compatible server on loopback"
-"$bin/powerinfer-mistralrs" serve --model "$model" --port 0 --check \
+step "OpenAI-compatible server on loopback: the input rule 4 requests at a time, the predictors 1"
+# --check: twelve greedy requests sent at once must get the answers they get alone. Batched 4 at
+# a time with the input rule (each row's result is its own bit for bit); without the patch set's
+# CPU attention fix every request of a batch gets the last one's answer. The trained predictors'
+# rows share one pass over the union of their neurons, which orders the float sums by the batch,
+# so their answers are compared one request at a time.
+"$bin/powerinfer-mistralrs" serve --model "$model" --port 0 --check --concurrent-requests 4 \
+    --powerinfer "input:$work/smollm2.powerinfer"
+"$bin/powerinfer-mistralrs" serve --model "$model" --port 0 --check --concurrent-requests 1 \
     --powerinfer "predictors:$work/smollm2.powerinfer"
 echo; echo "mistral.rs integration: all checks passed"

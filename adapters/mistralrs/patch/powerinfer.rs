@@ -351,7 +351,7 @@ fn build(plan: &Plan, layer: usize, bundles: powerinfer::NeuronBundles) -> Resul
         .push(Arc::downgrade(&ffn));
     Ok(SparseMlp {
         ffn: Engine::Hybrid(ffn),
-        params: vec![spec.hidden, spec.intermediate],
+        params: vec![spec.hidden(), spec.intermediate()],
         act: Activation::Silu,
     })
 }
@@ -376,7 +376,7 @@ fn build_input(plan: &Plan, layer: usize, mut ffn: powerinfer::InputSparseFfn) -
         .push(Arc::downgrade(&ffn));
     Ok(SparseMlp {
         ffn: Engine::Input(ffn),
-        params: vec![spec.hidden, spec.intermediate],
+        params: vec![spec.hidden(), spec.intermediate()],
         act: Activation::Silu,
     })
 }

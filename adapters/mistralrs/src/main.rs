@@ -84,9 +84,8 @@ enum Command {
         /// that every one completes with the answer it got alone; exit.
         #[arg(long)]
         check: bool,
-        /// Requests served at once (the rest wait). Above 1, mistral.rs 0.8.1 on the CPU gives
-        /// concurrent requests each other's answers (see the README): keep 1 for correct answers.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        /// Requests served at once (the rest wait); mistral.rs batches them.
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
         concurrent_requests: u32,
     },
 }

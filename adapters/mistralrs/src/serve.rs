@@ -8,15 +8,16 @@ use mistralrs_core::{AutoDeviceMapParams, ModelDType, ModelSelected};
 use mistralrs_server_core::mistralrs_for_server_builder::MistralRsForServerBuilder;
 use mistralrs_server_core::mistralrs_server_router_builder::MistralRsServerRouterBuilder;
 
-/// Serves `path` on `127.0.0.1:port`, `limit` requests at a time.
+/// Serves `path` on `127.0.0.1:port`, `limit` requests at a time (the rest queue), which
+/// mistral.rs's scheduler batches.
 ///
-/// mistral.rs 0.8.1 mixes the KV caches of sequences in flight together on the CPU: greedy
-/// requests sent at the same time come back with another request's answer, with or without the
-/// powerinfer patch, with the prefix cache off and with one sequence per batch; only
-/// mistral.rs's `no_kv_cache` (which recomputes every position for every token) avoids it
-/// (`powerinfer-mistralrs-baseline --concurrent` reproduces it on unpatched mistral.rs). So the
-/// server admits `limit` requests at a time (default 1: every answer is the one the request
-/// gets alone) and queues the rest. The prefix cache is off, so a request's answer does not
+/// Unpatched mistral.rs 0.8.1 gave every sequence of a batched CPU decode step the last
+/// sequence's attention output (`powerinfer-mistralrs-baseline --concurrent` shows it); the
+/// patch set fixes it (its `attention/backends/cpu.rs` hunk), so concurrent requests get the
+/// answers they get alone: bit for bit with the dense MLP, every neuron or the input rule. With
+/// trained predictors a batch's rows share one pass over the union of their neurons, whose
+/// float sums the batch orders, so a greedy answer can part from its solo one at a near-tie
+/// (`limit` 1 makes them equal). The prefix cache is off, so a request's answer does not
 /// depend on the requests before it either.
 pub async fn serve(
     path: &Path,

@@ -69,7 +69,10 @@ fn environment_configuration_is_parsed_and_bad_values_are_named() {
         PowerInferConfig::from_env().unwrap(),
         Some(PowerInferConfig::gate_first(0.25).with_threads(3))
     );
-    set(powerinfer::ENV_CONFIG, Some("predictors:/some/m.powerinfer"));
+    set(
+        powerinfer::ENV_CONFIG,
+        Some("predictors:/some/m.powerinfer"),
+    );
     set(powerinfer::ENV_SPARSITY, Some("0.5"));
     let c = PowerInferConfig::from_env().unwrap().unwrap();
     assert_eq!(
@@ -113,7 +116,12 @@ fn environment_configuration_is_parsed_and_bad_values_are_named() {
         "MISTRALRS_POWERINFER_SPARSITY=half",
     );
     // A bare path is no longer read as an artifact: the prefix says which FFN reads it.
-    fails("x.powerinfer", None, None, "`predictors:x.powerinfer` or `input:x.powerinfer`");
+    fails(
+        "x.powerinfer",
+        None,
+        None,
+        "`predictors:x.powerinfer` or `input:x.powerinfer`",
+    );
     clear();
 }
 

@@ -74,8 +74,6 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
-    /// Hashing a file failed (the engine's fingerprint helper).
-    Hash(powerinfer::Error),
     /// A model name [`Model::from_str`] does not know.
     UnknownModel {
         /// The name given.
@@ -114,7 +112,6 @@ impl fmt::Display for Error {
                 path.display()
             ),
             Error::Archive { path, reason } => write!(f, "{}: {reason}", path.display()),
-            Error::Hash(e) => write!(f, "{e}"),
             Error::UnknownModel { name } => {
                 let known: Vec<&str> = Model::ALL.iter().map(|m| m.name()).collect();
                 write!(f, "unknown model `{name}` (known: {})", known.join(", "))
@@ -127,7 +124,6 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Io { source, .. } => Some(source),
-            Error::Hash(e) => Some(e),
             _ => None,
         }
     }
@@ -336,8 +332,17 @@ pub fn cache_dir() -> PathBuf {
     base.join("powerinfer")
 }
 
+/// The file's sha256 as lowercase hex.
+fn sha256_hex(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(|e| Error::io(path, e))?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
 fn check_sha(path: &Path, expected: &str) -> Result<()> {
-    let got = powerinfer::format::file_sha256(path).map_err(Error::Hash)?;
+    let got = sha256_hex(path)?;
     if got != expected {
         return Err(Error::Checksum {
             path: path.to_path_buf(),
