@@ -75,7 +75,7 @@ pub async fn chat(
 }
 
 /// What a sparse run skipped: neurons (hybrid FFN) or FFN weight bytes (input-sparse FFN).
-fn skipped(cfg: &PowerInferConfig, r: &powerinfer::SparsityReport) -> String {
+pub(crate) fn skipped(cfg: &PowerInferConfig, r: &powerinfer::SparsityReport) -> String {
     match cfg.sparsity {
         Sparsity::Input(_) => format!(
             "{:.1}% of the FFN weight bytes skipped",

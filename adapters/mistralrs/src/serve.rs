@@ -34,7 +34,7 @@ pub async fn serve(
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     let dir = dir.unwrap_or(Path::new("."));
     let file = path.file_name().context("model path has no file name")?;
-    powerinfer::enable(sparse);
+    powerinfer::enable(sparse.clone());
     let state = MistralRsForServerBuilder::new()
         .with_model(ModelSelected::GGUF {
             tok_model_id: None,
@@ -73,7 +73,7 @@ pub async fn serve(
         return Ok(server.await??);
     }
     let base = format!("http://{addr}");
-    let result = match check_chat(&base).await {
+    let result = match check_chat(&base, &sparse).await {
         Ok(()) => check_concurrent(&base).await,
         e => e,
     };
@@ -150,7 +150,7 @@ async fn check_concurrent(base: &str) -> Result<()> {
 }
 
 /// One chat completion over HTTP: the answer must be non-empty text from the sparse FFN.
-async fn check_chat(base: &str) -> Result<()> {
+async fn check_chat(base: &str, sparse: &PowerInferConfig) -> Result<()> {
     powerinfer::reset_report();
     let client = reqwest::Client::new();
     let (answer, tokens) = ask(&client, base, "What is the capital of France?", 32).await?;
@@ -165,9 +165,9 @@ async fn check_chat(base: &str) -> Result<()> {
         answer.trim()
     );
     println!(
-        "sparse FFN: {} layer rows, realized sparsity {:.1}%",
+        "sparse FFN: {} layer rows, {}",
         r.rows,
-        r.sparsity() * 100.0
+        crate::model::skipped(sparse, &r)
     );
     Ok(())
 }
