@@ -8,6 +8,8 @@
 #      tokens: at least 8 must match); on the GGUF file the input-sparse FFN keeping every input
 #      gives the dense MLP's tokens exactly; the artifact's trained predictors generate text and
 #      report their realized sparsity; the artifact's input rule runs through mistral.rs's bench;
+#      on Qwen2.5-Coder-0.5B (qwen2 GGUF) the input-sparse FFN keeping every input gives the dense
+#      MLP's tokens exactly, and every neuron at least the first 16;
 #   4. the unit and loader tests of the patch (cargo test);
 #   5. mistral.rs's OpenAI server answers /v1/chat/completions on loopback with the sparse FFN,
 #      and twelve requests sent at once get the answers they get alone (the input rule batched 4
@@ -50,6 +52,14 @@ step "greedy, GGUF: unpatched mistral.rs = dense MLP; every neuron; the artifact
 "$bin/powerinfer-mistralrs" compare --model "$model" --max-tokens 48 \
     --baseline "$work/baseline.jsonl" --min-prefix 8 --strict-input \
     --powerinfer "predictors:$work/smollm2.powerinfer"
+
+step "qwen2 GGUF (Qwen2.5-Coder-0.5B Q4_K_M) through the patched quantized_qwen.rs"
+# Every input kept gives the dense MLP's tokens exactly; every neuron (down rows in Q8_0) at
+# least its first 16.
+"$CARGO_TARGET_DIR/release/powerinfer" generate --model qwen2.5-coder-0.5b --prompt "Hi" \
+    --max-tokens 1 > /dev/null
+qwen="${POWERINFER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/powerinfer}/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+"$bin/powerinfer-mistralrs" compare --model "$qwen" --max-tokens 32 --min-prefix 16 --strict-input
 
 step "the artifact's input rule through mistral.rs: decode speed against the dense MLP"
 "$bin/powerinfer-mistralrs" bench --model "$model" --runs 3 --max-tokens 48 \

@@ -1,10 +1,11 @@
 //! PowerInfer's activation-sparse FFN in mistral.rs (cargo feature `powerinfer`).
 //!
 //! Added by the powerinfer-rs patch set (`adapters/mistralrs/` in powerinfer-rs). When a
-//! configuration is active, the llama GGUF loader (`quantized_llama.rs`) and the llama, mistral and
-//! qwen2 safetensors loaders build a [`powerinfer::HybridFfn`] for each layer's MLP instead of the
-//! dense one (or, with [`Sparsity::Input`], a [`powerinfer::InputSparseFfn`]: training-free input
-//! sparsity on the file's exact weights). With no configuration the loaders are untouched.
+//! configuration is active, the llama and qwen2 GGUF loaders (`quantized_llama.rs`,
+//! `quantized_qwen.rs`) and the llama, mistral and qwen2 safetensors loaders build a
+//! [`powerinfer::HybridFfn`] for each layer's MLP instead of the dense one (or, with
+//! [`Sparsity::Input`], a [`powerinfer::InputSparseFfn`]: training-free input sparsity on the
+//! file's exact weights). With no configuration the loaders are untouched.
 //!
 //! SDK users call [`enable`] before building a model; the `mistralrs` CLI and server read
 //! [`ENV_CONFIG`] (`predictors:ARTIFACT`, `all`, `gate-first:T`, `input` or `input:ARTIFACT`),
