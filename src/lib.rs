@@ -4,9 +4,9 @@
 //! with hot/cold neuron placement, as a drop-in [`candle_core::Module`].
 //!
 //! For each token only the FFN neurons a [`Predictor`] selects are computed, reading only their
-//! bytes from neuron-major storage ([`NeuronBundles`]). A [`LayerPlacement`](tier::LayerPlacement) splits them between a
-//! fast tier (GPU, in a later release; the CPU today) and the CPU tier; both partial outputs are
-//! summed in a fixed order. The dense FFN ([`dense_reference`]) is the oracle the tests hold every
+//! bytes from neuron-major storage ([`NeuronBundles`]). A
+//! [`LayerPlacement`](tier::LayerPlacement) splits them between a fast tier (GPU, in a later
+//! release; the CPU today) and the CPU tier; both partial outputs are summed in a fixed order. The dense FFN ([`dense_reference`]) is the oracle the tests hold every
 //! path to.
 //!
 //! ```
@@ -73,10 +73,11 @@ pub use input_sparse::{
 };
 pub use predict::{All, GateFirst, LowRank, Predictor};
 
-/// The fast tier: the seam a GPU (or any other) tier plugs in behind ([`FastTier`](tier::FastTier)), the
-/// placement that says which neurons it holds, the byte budget and the cache bookkeeping every
-/// tier shares, and the two tiers: [`ReferenceTier`](tier::ReferenceTier) on CPU threads of its own and, with the
-/// `cuda` feature, `CudaTier`.
+/// The fast tier: the seam a GPU (or any other) tier plugs in behind
+/// ([`FastTier`](tier::FastTier)), the placement that says which neurons it holds, the byte
+/// budget and the cache bookkeeping every tier shares, and the two tiers:
+/// [`ReferenceTier`](tier::ReferenceTier) on CPU threads of its own and, with the `cuda`
+/// feature, `CudaTier`.
 pub mod tier {
     #[cfg(feature = "cuda")]
     pub use crate::cuda::{cuda_device, CudaTier, MAX_ROWS as CUDA_MAX_ROWS};
@@ -88,15 +89,16 @@ pub mod tier {
 
 /// The linear layers around the FFN that the candle adapter's fused decoder runs on the
 /// engine's kernels: [`QLinear`](layers::QLinear) (dense, on GGUF blocks) and
-/// [`InputSparseLinear`](layers::InputSparseLinear) (the input
-/// rule on one projection).
+/// [`InputSparseLinear`](layers::InputSparseLinear) (the input rule on one projection).
 pub mod layers {
     pub use crate::input_sparse::InputSparseLinear;
     pub use crate::linear::QLinear;
 }
 
-/// Calibrating the input-sparse rule: the target split ([`split_target`](input_rule::split_target)),
-/// TEAL's greedy allocation ([`GreedyPath`](input_rule::GreedyPath)), the CHESS rule, and how often calibration samples a row.
+/// Calibrating the input-sparse rule: the target split
+/// ([`split_target`](input_rule::split_target)), TEAL's greedy allocation
+/// ([`GreedyPath`](input_rule::GreedyPath)), the CHESS rule, and how often calibration samples a
+/// row.
 pub mod input_rule {
     pub use crate::input_sparse::{
         split_target, ChessRule, GreedyPath, GreedyStep, MAX_SAMPLES, SAMPLE_EVERY,
