@@ -250,7 +250,11 @@ fn smollm2() -> std::result::Result<
         kv_heads: meta("attention.head_count_kv")?.to_u32()? as usize,
         layers: meta("block_count")?.to_u32()? as usize,
         intermediate: meta("feed_forward_length")?.to_u32()? as usize,
-        vocab: ct.tensor_infos["token_embd.weight"].shape.dims()[0],
+        vocab: ct
+            .tensor_infos
+            .get("token_embd.weight")
+            .and_then(|t| t.shape.dims().first().copied())
+            .ok_or("no token_embd.weight")?,
         rope_theta: meta("rope.freq_base")?.to_f32()?,
         eps: meta("attention.layer_norm_rms_epsilon")?.to_f32()? as f64,
     };
