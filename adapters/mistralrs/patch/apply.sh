@@ -4,7 +4,8 @@
 #   adapters/mistralrs/patch/apply.sh [OUT_DIR] [--version 0.8.1]
 #
 # Takes the pristine mistralrs-core crate from the cargo registry (fetching it if needed), checks
-# its sha256 against the crates.io checksum pinned below, adds src/powerinfer.rs, applies
+# its sha256 against the crates.io checksum pinned below, adds src/powerinfer.rs and
+# src/powerinfer/, applies
 # mistralrs-core-<version>.patch and points the `powerinfer` dependency at this checkout's engine.
 # OUT_DIR defaults to adapters/mistralrs/vendor/mistralrs-core; it is replaced unless it already
 # holds exactly the patched crate (so that an unchanged patch does not trigger a rebuild).
@@ -63,13 +64,14 @@ src="$work/mistralrs-core-$VERSION"
 grep -q "^version = \"$VERSION\"" "$src/Cargo.toml" || {
     echo "error: $crate does not hold mistralrs-core $VERSION" >&2; exit 1; }
 cp "$here/powerinfer.rs" "$src/src/powerinfer.rs"
+cp -r "$here/powerinfer" "$src/src/powerinfer"
 if ! patch -p1 --batch --forward --quiet -d "$src" < "$patch_file"; then
     echo "error: $(basename "$patch_file") does not apply to the pristine crate" >&2
     exit 1
 fi
 # The engine is not on crates.io yet: depend on this checkout by path (`|` as sed delimiter).
 sed -i "s|@POWERINFER_PATH@|$engine|" "$src/Cargo.toml"
-echo "mistralrs-core $VERSION + $(basename "$patch_file") + powerinfer.rs" > "$src/.powerinfer-patch"
+echo "mistralrs-core $VERSION + $(basename "$patch_file") + powerinfer.rs + powerinfer/" > "$src/.powerinfer-patch"
 if [ -d "$out" ] && diff -rq "$src" "$out" > /dev/null 2>&1; then
     echo "mistralrs-core $VERSION with the powerinfer patch is up to date in $out"
     exit 0

@@ -3,8 +3,10 @@
 //! mistral.rs's OpenAI-compatible server.
 
 mod greedy;
+mod load;
 mod model;
 mod serve;
+mod server;
 
 use std::path::PathBuf;
 
@@ -79,14 +81,45 @@ enum Command {
         /// Port on 127.0.0.1 (0: any free one).
         #[arg(long, default_value_t = 8080)]
         port: u16,
-        /// Send one `/v1/chat/completions` request, check the answer, print it; then send four
-        /// greedy requests one after another and twelve (each three times) all at once, and check
-        /// that every one completes with the answer it got alone; exit.
+        /// Send one `/v1/chat/completions` request, check the answer, print it; then send
+        /// sixteen different greedy requests one after another, and again from eight clients at
+        /// once, and check that every one completes with the answer it got alone; exit.
         #[arg(long)]
         check: bool,
         /// Requests served at once (the rest wait); mistral.rs batches them.
         #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
         concurrent_requests: u32,
+        /// Serve mistral.rs's dense MLP (the patched crate, no sparse FFN) instead of
+        /// `--powerinfer`.
+        #[arg(long)]
+        dense: bool,
+    },
+    /// Load test of an OpenAI-compatible server (this one, or any other): sixteen different
+    /// greedy prompts sent alone, then from N concurrent clients per level; prints throughput,
+    /// p50 and p99 latency, and the answers that differ from their solo answers.
+    Load {
+        /// The server's base URL, e.g. `http://127.0.0.1:8080`.
+        #[arg(long)]
+        url: String,
+        /// Concurrent clients, one level each.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+        clients: Vec<usize>,
+        /// Requests per prompt and level (a level sends 16 x rounds).
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Tokens per answer at most.
+        #[arg(long, default_value_t = 32)]
+        max_tokens: u32,
+        /// The server's name in the table.
+        #[arg(long, default_value = "server")]
+        label: String,
+        /// Print the table header first.
+        #[arg(long)]
+        header: bool,
+        /// Exit with an error when an answer is wrong (differs from its solo answer other than
+        /// at a near-tie) or a request fails.
+        #[arg(long)]
+        strict: bool,
     },
 }
 
@@ -96,12 +129,12 @@ struct ModelArgs {
     /// in ~/.cache/powerinfer, where `powerinfer demo` fetches it).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// What the sparse FFN computes: `predictors:ARTIFACT` (the trained predictors of a
-    /// `.powerinfer` artifact from `powerinfer analyze`), `all` (every neuron), `gate-first:T`
-    /// (exact |h| thresholding at T),
-    /// `input` (the input-sparse FFN keeping every input) or `input:ARTIFACT` (the artifact's
-    /// calibrated input rule).
-    #[arg(long, default_value = "all")]
+    /// What the sparse FFN computes: `input` (the input-sparse FFN keeping every input: the
+    /// dense MLP's products over the file's exact blocks), `input:ARTIFACT` (the artifact's
+    /// calibrated input rule), `predictors:ARTIFACT` (the trained predictors of a `.powerinfer`
+    /// artifact from `powerinfer analyze`), `all` (every neuron) or `gate-first:T` (exact |h|
+    /// thresholding at T).
+    #[arg(long, default_value = "input")]
     powerinfer: Sparsity,
     /// With an artifact: the predictors' score thresholds for this FFN sparsity.
     #[arg(long)]
@@ -174,9 +207,60 @@ async fn main() -> Result<()> {
             port,
             check,
             concurrent_requests,
+            dense,
         } => {
             let limit = concurrent_requests as usize;
-            serve::serve(&model.model()?, model.sparse()?, port, check, limit).await
+            let sparse = if dense { None } else { Some(model.sparse()?) };
+            serve::serve(&model.model()?, sparse, port, check, limit).await
+        }
+        Command::Load {
+            url,
+            clients,
+            rounds,
+            max_tokens,
+            label,
+            header,
+            strict,
+        } => {
+            anyhow::ensure!(
+                clients.iter().all(|&c| c > 0) && rounds > 0 && max_tokens > 0,
+                "--clients, --rounds and --max-tokens must be positive"
+            );
+            if header {
+                println!("{}", load::HEADER);
+            }
+            let base = url.trim_end_matches('/');
+            let levels = load::run(base, &label, &clients, rounds, max_tokens).await?;
+            for l in &levels {
+                let firsts = [
+                    ("near-tie", &l.first_tie),
+                    ("wrong", &l.first_wrong),
+                    ("failed", &l.first_failure),
+                ];
+                for (what, first) in firsts {
+                    if let Some(f) = first {
+                        eprintln!("{label}, {} clients, first {what}: {f}", l.clients);
+                    }
+                }
+                if !l.wrong_at.is_empty() {
+                    let at: Vec<String> = l
+                        .wrong_at
+                        .iter()
+                        .map(|(t, g)| match g {
+                            Some(g) => format!("{t} tokens, gap {g:.3}"),
+                            None => format!("{t} tokens, no candidate"),
+                        })
+                        .collect();
+                    eprintln!(
+                        "{label}, {} clients, wrong after: {}",
+                        l.clients,
+                        at.join("; ")
+                    );
+                }
+            }
+            let bad: usize = levels.iter().map(|l| l.wrong + l.failed).sum();
+            anyhow::ensure!(!strict || bad == 0, "{bad} wrong or failed answers");
+            Ok(())
         }
     }
 }

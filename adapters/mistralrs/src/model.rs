@@ -186,7 +186,11 @@ pub async fn compare(
     let (every, s_all) = run_all(path, Some(&all), &prompts, max_tokens).await?;
     let (inputs, _) = run_all(path, Some(&every_input), &prompts, max_tokens).await?;
     let mut same_input = 0;
-    let chosen = if sparse.sparsity == Sparsity::Neurons(Neurons::All) {
+    // `--powerinfer` when it is neither of the two above.
+    let chosen = if matches!(
+        sparse.sparsity,
+        Sparsity::Neurons(Neurons::All) | Sparsity::Input(None)
+    ) {
         None
     } else {
         Some(run_all(path, Some(&sparse), &prompts, max_tokens).await?)

@@ -125,6 +125,42 @@ fn environment_configuration_is_parsed_and_bad_values_are_named() {
     clear();
 }
 
+fn refused<E: std::fmt::Display>(e: Option<E>) {
+    let msg = format!("{}", e.expect("must be refused"));
+    assert!(msg.contains("already in progress"), "{msg}");
+}
+
+/// The load plan belongs to one load: a second scope, nested or on another thread, is refused
+/// (it would otherwise build its layers from the first load's plan), and so is a model load
+/// while a scope lives; after the scope ends, loads begin again.
+#[tokio::test(flavor = "multi_thread")]
+async fn load_scopes_do_not_nest_or_overlap() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    powerinfer::enable(PowerInferConfig::all_neurons());
+    let files = vec![model()];
+    let scope = powerinfer::LoadScope::begin(&files).expect("the first scope begins");
+    refused(powerinfer::LoadScope::begin(&files).err());
+    let other = files.clone();
+    refused(
+        std::thread::spawn(move || powerinfer::LoadScope::begin(&other).err())
+            .join()
+            .unwrap(),
+    );
+    refused(greedy::load(&model()).await.err().map(|e| format!("{e:#}")));
+    drop(scope);
+    let again = powerinfer::LoadScope::begin(&files).expect("a scope after the first ended");
+    drop(again);
+    let m = greedy::load(&model())
+        .await
+        .expect("a load after the scopes ended");
+    powerinfer::disable();
+    assert!(
+        powerinfer::report().layers >= 30,
+        "the load built sparse layers"
+    );
+    drop(m);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sparse_ffn_replaces_every_mlp_and_reports_its_sparsity() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

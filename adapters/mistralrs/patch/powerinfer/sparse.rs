@@ -1,16 +1,13 @@
-//! PowerInfer's activation-sparse FFN in mistral.rs (cargo feature `powerinfer`).
+//! The `powerinfer` feature's implementation: the configuration ([`enable`], the environment),
+//! the load plan behind `LoadScope`, the sparse FFN of a layer ([`SparseMlp`]) and [`report`].
 //!
-//! Added by the powerinfer-rs patch set (`adapters/mistralrs/` in powerinfer-rs). When a
-//! configuration is active, the llama and qwen2 GGUF loaders (`quantized_llama.rs`,
-//! `quantized_qwen.rs`) and the llama, mistral and qwen2 safetensors loaders build a
-//! [`powerinfer::HybridFfn`] for each layer's MLP instead of the dense one (or, with
-//! [`Sparsity::Input`], a [`powerinfer::InputSparseFfn`]: training-free input sparsity on the
-//! file's exact weights). With no configuration the loaders are untouched.
+//! When a configuration is active, the loaders build a [`powerinfer::HybridFfn`] for each
+//! layer's MLP instead of the dense one (or, with [`Sparsity::Input`], a
+//! [`powerinfer::InputSparseFfn`]: training-free input sparsity on the file's exact weights).
 //!
 //! SDK users call [`enable`] before building a model; the `mistralrs` CLI and server read
 //! [`ENV_CONFIG`] (`predictors:ARTIFACT`, `all`, `gate-first:T`, `input` or `input:ARTIFACT`),
-//! [`ENV_SPARSITY`] and
-//! [`ENV_THREADS`] when nothing was enabled in code.
+//! [`ENV_SPARSITY`] and [`ENV_THREADS`] when nothing was enabled in code.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
@@ -248,58 +245,76 @@ pub fn reset_report() {
 
 /// What one model load uses: the configuration and, with an artifact, the artifact checked
 /// against the model's files.
-struct Plan {
+pub(crate) struct Plan {
     config: PowerInferConfig,
     artifact: Option<powerinfer::Artifact>,
 }
 
-/// The plan of the model being loaded. Global rather than per thread: layers may load on rayon
-/// threads (`par_iter_if_isq`).
-static PLAN: Mutex<Option<Arc<Plan>>> = Mutex::new(None);
+/// The load in progress: `None` when there is none, `Some(None)` for a load with no
+/// configuration (dense), `Some(Some(plan))` for a sparse one. Process-wide rather than per
+/// thread, since layers may load on rayon threads (`par_iter_if_isq`).
+static LOAD: Mutex<Option<Option<Arc<Plan>>>> = Mutex::new(None);
 
-/// Set by a pipeline loader around building a model from `files`: while it lives, the model
-/// loaders build sparse FFNs. Dropping it ends the scope.
-pub(crate) struct LoadScope(());
+/// The one load in progress; dropping it ends the load (`LoadScope` holds it).
+pub(crate) struct ActiveLoad(());
 
-impl LoadScope {
-    /// Reads the configuration in force; with an artifact, loads it and checks it was made from
-    /// `files` (one GGUF file, or a checkpoint's `*.safetensors` plus `config.json`).
-    pub(crate) fn begin(files: &[PathBuf]) -> Result<LoadScope> {
+impl ActiveLoad {
+    /// Refuses to begin while another load lives; else reads the configuration in force and,
+    /// with an artifact, loads it and checks it was made from `files`.
+    pub(crate) fn begin(files: &[PathBuf]) -> Result<ActiveLoad> {
+        let mut load = LOAD.lock().unwrap_or_else(|e| e.into_inner());
+        if load.is_some() {
+            return Err(bad(
+                "a model load is already in progress (a LoadScope is alive): with the \
+                 powerinfer feature, models load one at a time, not nested or overlapping",
+            ));
+        }
         let plan = match config()? {
             None => None,
             Some(config) => {
                 let artifact = match config.sparsity.artifact() {
-                    Some(path) => {
-                        let a = powerinfer::Artifact::load(path).map_err(engine_err)?;
-                        let sha = powerinfer::format::model_sha256(files).map_err(engine_err)?;
-                        a.check_model(&sha).map_err(engine_err)?;
-                        if matches!(config.sparsity, Sparsity::Input(_)) && a.meta.input_rule.is_none() {
-                            return Err(bad(format!(
-                                "{} has no input rule (format version 1); rerun `powerinfer analyze`",
-                                path.display()
-                            )));
-                        }
-                        Some(a)
-                    }
+                    Some(path) => Some(checked_artifact(&config, path, files)?),
                     None => None,
                 };
                 tracing::info!("powerinfer: sparse FFN on, {}", config.sparsity);
                 Some(Arc::new(Plan { config, artifact }))
             }
         };
-        *PLAN.lock().unwrap_or_else(|e| e.into_inner()) = plan;
-        Ok(LoadScope(()))
+        *load = Some(plan);
+        Ok(ActiveLoad(()))
     }
 }
 
-impl Drop for LoadScope {
+impl Drop for ActiveLoad {
     fn drop(&mut self) {
-        *PLAN.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *LOAD.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
-fn current_plan() -> Option<Arc<Plan>> {
-    PLAN.lock().unwrap_or_else(|e| e.into_inner()).clone()
+/// The artifact at `path`, made from `files` and holding what `config` runs.
+fn checked_artifact(
+    config: &PowerInferConfig,
+    path: &std::path::Path,
+    files: &[PathBuf],
+) -> Result<powerinfer::Artifact> {
+    let a = powerinfer::Artifact::load(path).map_err(engine_err)?;
+    let sha = powerinfer::format::model_sha256(files).map_err(engine_err)?;
+    a.check_model(&sha).map_err(engine_err)?;
+    if matches!(config.sparsity, Sparsity::Input(_)) && a.meta.input_rule.is_none() {
+        return Err(bad(format!(
+            "{} has no input rule (format version 1); rerun `powerinfer analyze`",
+            path.display()
+        )));
+    }
+    Ok(a)
+}
+
+/// The plan of the sparse load in progress; `None` outside a load or for a dense one.
+pub(crate) fn current_plan() -> Option<Arc<Plan>> {
+    LOAD.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .flatten()
 }
 
 fn engine_activation(act: Activation) -> Result<powerinfer::Activation> {
@@ -312,8 +327,13 @@ fn engine_activation(act: Activation) -> Result<powerinfer::Activation> {
     })
 }
 
-/// Builds layer `layer`'s sparse FFN from its neuron bundles, as the plan says.
-fn build(plan: &Plan, layer: usize, bundles: powerinfer::NeuronBundles) -> Result<SparseMlp> {
+/// Layer `layer`'s hybrid FFN over its neuron bundles, running `neurons`.
+fn build(
+    plan: &Plan,
+    neurons: &Neurons,
+    layer: usize,
+    bundles: powerinfer::NeuronBundles,
+) -> Result<SparseMlp> {
     use powerinfer::{GateFirst, HybridFfn, HybridOptions};
     let spec = *bundles.spec();
     let mut opts = HybridOptions {
@@ -324,25 +344,22 @@ fn build(plan: &Plan, layer: usize, bundles: powerinfer::NeuronBundles) -> Resul
         opts.threads = t;
     }
     let mut ffn = HybridFfn::new(bundles, opts).map_err(engine_err)?;
-    match (&plan.config.sparsity, &plan.artifact) {
-        (Sparsity::Neurons(Neurons::All), _) => {}
-        (Sparsity::Neurons(Neurons::GateFirst(t)), _) => {
+    match (neurons, &plan.artifact) {
+        (Neurons::All, _) => {}
+        (Neurons::GateFirst(t), _) => {
             ffn.set_predictor(GateFirst::new(*t).map_err(engine_err)?);
         }
         (
-            Sparsity::Neurons(Neurons::Predictors {
+            Neurons::Predictors {
                 predictor_sparsity, ..
-            }),
+            },
             Some(a),
         ) => {
             a.install(layer, &mut ffn, *predictor_sparsity)
                 .map_err(engine_err)?;
         }
-        (Sparsity::Neurons(Neurons::Predictors { artifact, .. }), None) => {
+        (Neurons::Predictors { artifact, .. }, None) => {
             return Err(bad(format!("{} was not loaded", artifact.display())));
-        }
-        (Sparsity::Input(_), _) => {
-            return Err(bad("the input-sparse FFN is built by `build_input`"));
         }
     }
     ffn.enable_stats(0.0);
@@ -358,8 +375,16 @@ fn build(plan: &Plan, layer: usize, bundles: powerinfer::NeuronBundles) -> Resul
 }
 
 /// Layer `layer`'s input-sparse FFN, with the artifact's rule when the plan has one.
-fn build_input(plan: &Plan, layer: usize, mut ffn: powerinfer::InputSparseFfn) -> Result<SparseMlp> {
-    if let Some(rule) = plan.artifact.as_ref().and_then(|a| a.meta.input_rule.as_ref()) {
+fn build_input(
+    plan: &Plan,
+    layer: usize,
+    mut ffn: powerinfer::InputSparseFfn,
+) -> Result<SparseMlp> {
+    if let Some(rule) = plan
+        .artifact
+        .as_ref()
+        .and_then(|a| a.meta.input_rule.as_ref())
+    {
         let t = rule.thresholds.get(layer).ok_or_else(|| {
             bad(format!(
                 "the artifact's input rule has {} layers; the model has more",
@@ -388,52 +413,52 @@ fn threads(plan: &Plan) -> usize {
         .unwrap_or_else(|| powerinfer::HybridOptions::default().threads)
 }
 
-/// The sparse FFN of a GGUF llama layer, from its quantized `ffn_gate`, `ffn_up`, `ffn_down`
-/// (gate and up keep their Q4_0 / Q4_1 / Q8_0 blocks); `None` when no configuration is active.
-pub(crate) fn gguf_mlp(
+/// The sparse FFN of a GGUF layer, from its quantized `ffn_gate`, `ffn_up`, `ffn_down` (SiLU
+/// gated; the tensors' blocks are kept as they are where the kernels read them).
+pub(crate) fn gguf(
+    plan: &Plan,
     layer: usize,
     gate: &QTensor,
     up: &QTensor,
     down: &QTensor,
-) -> Result<Option<SparseMlp>> {
-    let Some(plan) = current_plan() else {
-        return Ok(None);
-    };
+) -> Result<SparseMlp> {
     cpu_only(layer, &gate.device())?;
     let (n, h) = gate.shape().dims2()?;
     let spec =
         powerinfer::FfnSpec::gated(h, n, powerinfer::Activation::Silu).map_err(engine_err)?;
-    if let Sparsity::Input(_) = plan.config.sparsity {
-        let ffn = powerinfer::InputSparseFfn::from_qtensors(
-            spec,
-            Some(gate),
-            up,
-            down,
-            threads(&plan),
-            None,
-        )
-        .map_err(engine_err)?;
-        return build_input(&plan, layer, ffn).map(Some);
+    match &plan.config.sparsity {
+        Sparsity::Input(_) => {
+            let ffn = powerinfer::InputSparseFfn::from_qtensors(
+                spec,
+                Some(gate),
+                up,
+                down,
+                threads(plan),
+                None,
+            )
+            .map_err(engine_err)?;
+            build_input(plan, layer, ffn)
+        }
+        Sparsity::Neurons(neurons) => {
+            let bundles = powerinfer::NeuronBundles::from_qtensors(spec, Some(gate), up, down)
+                .map_err(engine_err)?;
+            build(plan, neurons, layer, bundles)
+        }
     }
-    let bundles =
-        powerinfer::NeuronBundles::from_qtensors(spec, Some(gate), up, down).map_err(engine_err)?;
-    build(&plan, layer, bundles).map(Some)
 }
 
 /// The sparse FFN of a safetensors layer from the MLP's var builder (`gate_proj`, `up_proj`,
-/// `down_proj`), stored in the model's dtype (f32, f16 or bf16; others as f16); `None` when no
-/// configuration is active. Pre-quantized checkpoints are refused.
-pub(crate) fn safetensors_mlp(
+/// `down_proj`), stored in the model's dtype (f32, f16 or bf16; others as f16). Pre-quantized
+/// checkpoints are refused.
+pub(crate) fn safetensors(
+    plan: &Plan,
     layer: usize,
     vb: &ShardedVarBuilder,
     hidden: usize,
     intermediate: usize,
     act: Activation,
     quantized: bool,
-) -> Result<Option<Box<dyn MlpLayer>>> {
-    let Some(plan) = current_plan() else {
-        return Ok(None);
-    };
+) -> Result<SparseMlp> {
     if quantized {
         return Err(bad(format!(
             "layer {layer}: pre-quantized checkpoints are not supported; use the float checkpoint or a GGUF file"
@@ -448,38 +473,37 @@ pub(crate) fn safetensors_mlp(
     let d = get("down_proj", (hidden, intermediate))?;
     let spec = powerinfer::FfnSpec::gated(hidden, intermediate, engine_activation(act)?)
         .map_err(engine_err)?;
-    if let Sparsity::Input(_) = plan.config.sparsity {
-        let storage = match vb.dtype() {
-            DType::F32 => powerinfer::cpu::ColumnStorage::F32,
-            DType::BF16 => powerinfer::cpu::ColumnStorage::BF16,
-            _ => powerinfer::cpu::ColumnStorage::F16,
-        };
-        let ffn = powerinfer::InputSparseFfn::from_weights(
-            spec,
-            powerinfer::FfnWeights::gated(&g, &u, &d),
-            storage,
-            threads(&plan),
-            None,
-        )
-        .map_err(engine_err)?;
-        let mut mlp = build_input(&plan, layer, ffn)?;
-        mlp.act = act;
-        return Ok(Some(Box::new(mlp)));
-    }
-    let storage = match vb.dtype() {
-        DType::F32 => powerinfer::WeightDType::F32,
-        DType::BF16 => powerinfer::WeightDType::BF16,
-        _ => powerinfer::WeightDType::F16,
+    let weights = powerinfer::FfnWeights::gated(&g, &u, &d);
+    let mut mlp = match &plan.config.sparsity {
+        Sparsity::Input(_) => {
+            let storage = match vb.dtype() {
+                DType::F32 => powerinfer::cpu::ColumnStorage::F32,
+                DType::BF16 => powerinfer::cpu::ColumnStorage::BF16,
+                _ => powerinfer::cpu::ColumnStorage::F16,
+            };
+            let ffn = powerinfer::InputSparseFfn::from_weights(
+                spec,
+                weights,
+                storage,
+                threads(plan),
+                None,
+            )
+            .map_err(engine_err)?;
+            build_input(plan, layer, ffn)?
+        }
+        Sparsity::Neurons(neurons) => {
+            let storage = match vb.dtype() {
+                DType::F32 => powerinfer::WeightDType::F32,
+                DType::BF16 => powerinfer::WeightDType::BF16,
+                _ => powerinfer::WeightDType::F16,
+            };
+            let bundles = powerinfer::NeuronBundles::from_weights(spec, weights, storage)
+                .map_err(engine_err)?;
+            build(plan, neurons, layer, bundles)?
+        }
     };
-    let bundles = powerinfer::NeuronBundles::from_weights(
-        spec,
-        powerinfer::FfnWeights::gated(&g, &u, &d),
-        storage,
-    )
-    .map_err(engine_err)?;
-    let mut mlp = build(&plan, layer, bundles)?;
     mlp.act = act;
-    Ok(Some(Box::new(mlp)))
+    Ok(mlp)
 }
 
 fn cpu_only(layer: usize, device: &Device) -> Result<()> {
