@@ -19,7 +19,10 @@ pub struct Server {
 
 /// Loads the GGUF file at `path` on the CPU and serves it on `127.0.0.1:port` (0: any free
 /// port), `limit` requests at a time (the rest queue), which mistral.rs's scheduler batches.
-/// The prefix cache is off, so a request's answer does not depend on the requests before it.
+/// Activations are f32 (mistral.rs's `Auto` picks bf16 on the CPU, whose rounding of the
+/// attention inputs and KV cache made batched answers part from solo ones more often, and
+/// which served more slowly here). The prefix cache is off, so a request's answer does not
+/// depend on the requests before it.
 pub async fn start(path: &Path, port: u16, limit: usize) -> Result<Server> {
     anyhow::ensure!(
         path.is_file(),
@@ -34,7 +37,7 @@ pub async fn start(path: &Path, port: u16, limit: usize) -> Result<Server> {
             tok_model_id: None,
             quantized_model_id: dir.to_string_lossy().into_owned(),
             quantized_filename: file.to_string_lossy().into_owned(),
-            dtype: ModelDType::Auto,
+            dtype: ModelDType::F32,
             topology: None,
             max_seq_len: AutoDeviceMapParams::DEFAULT_MAX_SEQ_LEN,
             max_batch_size: AutoDeviceMapParams::DEFAULT_MAX_BATCH_SIZE,
