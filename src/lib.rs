@@ -95,6 +95,16 @@ pub mod layers {
     pub use crate::linear::QLinear;
 }
 
+/// How the input-sparse FFN stores each GGUF matrix: by column where a measured column product
+/// beats the dense rows at the fraction of inputs the rule keeps, as the dense decoder's packed
+/// rows elsewhere ([`LayoutPlanner`](layout::LayoutPlanner)), so a sparse mode is never slower
+/// than dense.
+pub mod layout {
+    pub use crate::input_sparse::{
+        FfnMatrix, Layout, LayoutDecision, LayoutPlanner, Layouts, MARGIN, REPEATS,
+    };
+}
+
 /// Calibrating the input-sparse rule: the target split
 /// ([`split_target`](input_rule::split_target)), TEAL's greedy allocation
 /// ([`GreedyPath`](input_rule::GreedyPath)), the CHESS rule, and how often calibration samples a

@@ -1,6 +1,7 @@
 //! `InputSparseFfn` against dense references: on GGUF blocks, the FFN over masked inputs is the
 //! dense `QLinear` FFN over the same masked inputs bit for bit (every threshold 0: the dense FFN
-//! itself), on every tier and thread count; float storage against candle's dense FFN on masked
+//! itself), on every tier and thread count, with each matrix by column or as packed rows (whose
+//! input is never masked); float storage against candle's dense FFN on masked
 //! inputs; the rule, calibration, byte accounting and bad input.
 
 mod common;
@@ -8,6 +9,7 @@ mod common;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::*;
+use powerinfer::layout::Layout;
 use powerinfer::{
     cpu::ColumnStorage, cpu::SimdLevel, dense_reference, layers::QLinear, Activation, FfnSpec,
     FfnWeights, InputScore, InputSparseFfn, InputThresholds,
@@ -31,6 +33,7 @@ fn check_quant(
     wina: bool,
     threads: usize,
     seed: u64,
+    layouts: [Layout; 3],
 ) {
     let dt = KINDS[kind];
     let be = dt.block_size();
@@ -60,6 +63,11 @@ fn check_quant(
     let mut want = Vec::new();
     let (mut g, mut u, mut y) = (vec![0f32; n], vec![0f32; n], vec![0f32; h]);
     let pick = |v: &[f32]| wina.then(|| v.to_vec());
+    // A matrix stored as rows reads its whole input: threshold 0 keeps every nonzero entry.
+    let t: [f32; 3] = std::array::from_fn(|i| match layouts[i] {
+        Layout::Columns => t[i],
+        Layout::Rows => 0.0,
+    });
     for xr in x.chunks(h) {
         let xg = quantized_for(&gl, &mask(xr, pick(&ng).as_deref(), t[0]));
         let xu = quantized_for(&ul, &mask(xr, pick(&nu).as_deref(), t[1]));
@@ -78,15 +86,25 @@ fn check_quant(
         want.extend(y.iter().map(|v| v.to_bits()));
     }
     for tier in SimdLevel::supported() {
-        let mut f =
-            InputSparseFfn::from_qtensors(spec, Some(&qg), &qu, &qd, threads, Some(tier)).unwrap();
+        let mut f = InputSparseFfn::from_qtensors_as(
+            spec,
+            Some(&qg),
+            &qu,
+            &qd,
+            threads,
+            Some(tier),
+            layouts,
+        )
+        .unwrap();
+        assert_eq!(f.layouts(), layouts);
         f.set_rule(score, th).unwrap();
         let mut out = vec![0f32; rows * h];
         f.forward_f32(&x, rows, &mut out).unwrap();
         let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
         assert_eq!(
             got, want,
-            "{dt:?} {h}x{n} {rows} rows, {t:?}, wina {wina}, {threads} threads, {tier}"
+            "{dt:?} {h}x{n} {rows} rows, {t:?}, wina {wina}, {threads} threads, {tier}, \
+             {layouts:?}"
         );
     }
 }
@@ -97,9 +115,9 @@ proptest! {
     fn quantized_ffn_is_the_dense_ffn_on_masked_inputs(
         hb in 1usize..4, ib in 1usize..5, kind in 0usize..8, rows in 1usize..12,
         tg in 0.0f32..0.8, tu in 0.0f32..0.8, td in 0.0f32..0.05, wina in any::<bool>(),
-        threads in 1usize..4, seed in any::<u64>(),
+        threads in 1usize..4, seed in any::<u64>(), rows_mask in 0usize..8,
     ) {
-        check_quant(hb, ib, kind, rows, [tg, tu, td], wina, threads, seed);
+        check_quant(hb, ib, kind, rows, [tg, tu, td], wina, threads, seed, layouts(rows_mask));
     }
 
     #[test]
@@ -217,14 +235,32 @@ fn st_dtype(s: ColumnStorage) -> candle_core::DType {
     }
 }
 
+/// Gate, up and down as rows where bit 0, 1, 2 of `mask` is set, by column elsewhere.
+fn layouts(mask: usize) -> [Layout; 3] {
+    std::array::from_fn(|i| {
+        if mask >> i & 1 == 1 {
+            Layout::Rows
+        } else {
+            Layout::Columns
+        }
+    })
+}
+
 #[test]
 fn edge_shapes() {
     for (hb, ib) in [(1, 1), (1, 2), (2, 1), (3, 3)] {
         for kind in 0..KINDS.len() {
             for t in [[0.0; 3], [0.5, 0.2, 0.01], [10.0, 10.0, 10.0]] {
-                check_quant(hb, ib, kind, 2, t, false, 2, (hb * 7 + ib) as u64);
+                for m in [0, 0b011, 0b100, 0b111] {
+                    let seed = (hb * 7 + ib) as u64;
+                    check_quant(hb, ib, kind, 2, t, false, 2, seed, layouts(m));
+                }
             }
         }
+    }
+    // Packed rows take prompts in tiles of 32 input rows: one row past a tile, and one short.
+    for rows in [31, 33] {
+        check_quant(1, 2, 5, rows, [0.4, 0.3, 0.01], false, 3, 5, layouts(0b101));
     }
 }
 
@@ -400,4 +436,52 @@ fn var_builder_load_is_from_weights() {
     let vb = VarBuilder::from_tensors(HashMap::new(), DType::U32, &Device::Cpu);
     let err = InputSparseFfn::load(Activation::Silu, vb, InputSparseOptions::default());
     assert!(err.unwrap_err().to_string().contains("VarBuilder dtype"));
+}
+
+/// The layout planner: a decision per (matrix, block type, shape), reused for the next layer
+/// with the same key; the layout follows the measured times (columns only below `MARGIN` of the
+/// rows' time); nothing dropped means rows without timing columns; a fraction outside [0, 1)
+/// is a typed error.
+#[test]
+fn layout_planner_decides_once_per_key_from_its_measurements() {
+    use powerinfer::layout::{FfnMatrix, LayoutPlanner, MARGIN};
+    let spec = FfnSpec::gated(256, 512, Activation::Silu).unwrap();
+    let w = Weights::random(&spec, 3);
+    let q = |t: &Tensor| QTensor::quantize(t, GgmlDType::Q4K).unwrap();
+    let (g, u, d) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));
+    let p = LayoutPlanner::new([0.5, 0.5, 0.0], 2, None).unwrap();
+    let lg = p.layout(FfnMatrix::Gate, &g, 512, 256).unwrap();
+    assert_eq!(p.layout(FfnMatrix::Gate, &g, 512, 256).unwrap(), lg);
+    p.layout(FfnMatrix::Up, &u, 512, 256).unwrap();
+    assert_eq!(
+        p.layout(FfnMatrix::Down, &d, 256, 512).unwrap(),
+        Layout::Rows
+    );
+    let ds = p.decisions();
+    assert_eq!(ds.len(), 3, "{ds:?}");
+    for d in &ds[..2] {
+        assert!(d.rows_ms > 0.0 && d.columns_ms > 0.0, "{d}");
+        assert!(d.columns_bytes < d.rows_bytes, "{d}");
+        let columns = d.columns_ms < MARGIN * d.rows_ms;
+        assert_eq!(d.layout == Layout::Columns, columns, "{d}");
+        assert!((d.kept - 0.5).abs() < 1e-12);
+    }
+    assert_eq!(ds[0].layout, lg);
+    assert!(
+        ds[2].columns_ms == 0.0 && ds[2].layout == Layout::Rows,
+        "{}",
+        ds[2]
+    );
+    assert!(ds[2].to_string().ends_with("-> rows"), "{}", ds[2]);
+    // A wrong shape names the matrix; a bad fraction is refused.
+    let e = p
+        .layout(FfnMatrix::Up, &u, 256, 512)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("up"), "{e}");
+    for bad in [[1.0, 0.0, 0.0], [0.0, -0.1, 0.0], [0.0, 0.0, f64::NAN]] {
+        let e = LayoutPlanner::new(bad, 1, None).unwrap_err().to_string();
+        assert!(e.contains("expected input sparsity"), "{e}");
+    }
+    assert!(LayoutPlanner::new([0.0; 3], 0, None).is_err());
 }

@@ -7,14 +7,19 @@
 //! decoder there), and the other types the portable product, with a warning (on
 //! Qwen2.5-Coder-0.5B at the AVX2 tier its FFN takes 337 ms per token against dense's 25). Float weights are a
 //! [`ColumnMatrix`] in f32, f16 or bf16.
+//!
+//! A GGUF matrix whose sparse product would not beat the dense one at the fraction of channels
+//! the rule keeps ([`super::plan`]) is stored as the dense decoder's packed rows instead
+//! ([`Layout::Rows`]): its product reads every column and its input is never masked, since
+//! skipping channels would save no time and cost accuracy.
 
 use std::ops::Range;
 
 use candle_core::quantized::QTensor;
 
 use crate::cpu::{
-    dequantize_blocks, ActiveChannels, ActiveColumns, BlockKind, ColumnBlocks, ColumnMatrix,
-    Kernels, QuantizedRow, CHUNK,
+    dequantize_blocks, gemm, ActiveChannels, ActiveColumns, BlockKind, ColumnBlocks, ColumnMatrix,
+    Kernels, PackedRows, QuantizedRow, CHUNK, PACK,
 };
 use crate::error::{Error, Result};
 
@@ -24,6 +29,29 @@ pub(super) enum Columns {
     Blocks { m: ColumnBlocks, norms: Vec<f32> },
     /// Floats, or Q4_0 / Q4_1 / Q8_0 blocks on tiers without a column-block SIMD kernel.
     Matrix(ColumnMatrix),
+    /// The file's blocks as the dense decoder's packed rows ([`Layout::Rows`]), with each
+    /// column's norm (the score of WINA's calibration).
+    Rows { m: PackedRows, norms: Vec<f32> },
+}
+
+/// How one GGUF matrix of an input-sparse layer is stored, and so what its products read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// By input channel: a product reads only the channels its masked input keeps.
+    Columns,
+    /// The dense decoder's packed rows: a product reads the whole matrix, over the unmasked
+    /// input (its threshold is not applied: skipping would save nothing).
+    Rows,
+}
+
+impl Layout {
+    /// `columns` or `rows`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Columns => "columns",
+            Layout::Rows => "rows",
+        }
+    }
 }
 
 impl std::fmt::Debug for Columns {
@@ -31,6 +59,7 @@ impl std::fmt::Debug for Columns {
         match self {
             Columns::Blocks { m, .. } => write!(f, "{} blocks", m.kind()),
             Columns::Matrix(m) => write!(f, "{:?}", m.storage()),
+            Columns::Rows { m, .. } => write!(f, "{} rows", m.kind()),
         }
     }
 }
@@ -45,8 +74,47 @@ impl Columns {
         cols: usize,
         k: &Kernels,
     ) -> Result<Self> {
+        Self::from_qtensor_as(t, name, rows, cols, k, Layout::Columns)
+    }
+
+    /// [`Columns::from_qtensor`] in `layout`.
+    pub(super) fn from_qtensor_as(
+        t: &QTensor,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        k: &Kernels,
+        layout: Layout,
+    ) -> Result<Self> {
         let (kind, data) = blocks(t, name, rows, cols)?;
-        Self::from_blocks(kind, rows, cols, &data, name, k)
+        match layout {
+            Layout::Columns => Self::from_blocks(kind, rows, cols, &data, name, k),
+            Layout::Rows => Self::rows_from_blocks(kind, rows, cols, &data, name),
+        }
+    }
+
+    /// `rows` rows of `cols` weights in GGUF's block layout as packed rows ([`Layout::Rows`]).
+    pub(super) fn rows_from_blocks(
+        kind: BlockKind,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        name: &str,
+    ) -> Result<Self> {
+        let m = PackedRows::pack(kind, rows, cols, data)
+            .map_err(|e| Error::config(name, e.to_string()))?;
+        Ok(Columns::Rows {
+            norms: column_norms(kind, cols, data),
+            m,
+        })
+    }
+
+    /// How the matrix is stored.
+    pub(super) fn layout(&self) -> Layout {
+        match self {
+            Columns::Rows { .. } => Layout::Rows,
+            _ => Layout::Columns,
+        }
     }
 
     /// `rows` rows of `cols` weights in GGUF's row-major block layout, laid out by column for
@@ -90,6 +158,7 @@ impl Columns {
         match self {
             Columns::Blocks { m, .. } => m.rows(),
             Columns::Matrix(m) => m.rows(),
+            Columns::Rows { m, .. } => m.rows(),
         }
     }
 
@@ -97,6 +166,7 @@ impl Columns {
         match self {
             Columns::Blocks { m, .. } => m.cols(),
             Columns::Matrix(m) => m.cols(),
+            Columns::Rows { m, .. } => m.cols(),
         }
     }
 
@@ -110,13 +180,14 @@ impl Columns {
         match self {
             Columns::Blocks { m, .. } => m.bytes(),
             Columns::Matrix(m) => m.bytes(),
+            Columns::Rows { m, .. } => m.bytes(),
         }
     }
 
     /// Each column's Euclidean norm.
     pub(super) fn norms(&self) -> &[f32] {
         match self {
-            Columns::Blocks { norms, .. } => norms,
+            Columns::Blocks { norms, .. } | Columns::Rows { norms, .. } => norms,
             Columns::Matrix(m) => m.column_norms(),
         }
     }
@@ -125,6 +196,7 @@ impl Columns {
     pub(super) fn kind(&self) -> Option<BlockKind> {
         match self {
             Columns::Blocks { m, .. } => Some(m.kind()),
+            Columns::Rows { m, .. } => Some(m.kind()),
             Columns::Matrix(_) => None,
         }
     }
@@ -132,7 +204,9 @@ impl Columns {
     /// Whether one [`Input`] made for `self` also serves `other`.
     pub(super) fn same_input(&self, other: &Columns) -> bool {
         let quant = |c: &Columns| matches!(c, Columns::Matrix(m) if m.quant().is_some());
-        self.kind() == other.kind() && quant(self) == quant(other)
+        self.kind() == other.kind()
+            && quant(self) == quant(other)
+            && self.layout() == other.layout()
     }
 
     /// Bytes a product over `i` reads (`i` made for this matrix).
@@ -149,6 +223,7 @@ impl Columns {
         match self {
             Columns::Blocks { m, .. } => m.bytes_read(channels),
             Columns::Matrix(m) => m.bytes_read(columns.columns().len(), columns.blocks()),
+            Columns::Rows { m, .. } => m.bytes(),
         }
     }
 
@@ -157,6 +232,7 @@ impl Columns {
         match self {
             Columns::Blocks { m, .. } => m.bytes(),
             Columns::Matrix(m) => m.bytes_read(m.cols(), m.cols().div_ceil(crate::cpu::QK)),
+            Columns::Rows { m, .. } => m.bytes(),
         }
     }
 
@@ -171,6 +247,11 @@ impl Columns {
             }
             Columns::Matrix(m) => {
                 crate::cpu::column_product(k, m, chunks, &x.x, &x.q, x.columns.columns(), out)
+            }
+            Columns::Rows { m, .. } => {
+                let per = CHUNK / PACK;
+                let groups = chunks.start * per..chunks.end * per;
+                gemm(k, m, groups, std::slice::from_ref(&x.q), out);
             }
         }
     }
@@ -203,6 +284,38 @@ impl Columns {
                         crate::cpu::column_product(k, m, c..c + 1, x, q, active, o);
                     }
                 }
+            }
+            Columns::Rows { m, .. } => rows_product(k, m, chunks, &xs.q[..n], out),
+        }
+    }
+}
+
+/// Input rows per pass of [`rows_product`] over a chunk of packed rows.
+const ROWS_TILE: usize = 32;
+
+/// [`Columns::product_rows`] on packed rows: per chunk of output rows and tile of [`ROWS_TILE`]
+/// input rows one kernel call (the chunk's weights read once per tile), its group-major output
+/// moved into the chunked order. Allocation-free (the tile is on the stack).
+fn rows_product(
+    k: &Kernels,
+    m: &PackedRows,
+    chunks: Range<usize>,
+    xs: &[QuantizedRow],
+    out: &mut [f32],
+) {
+    let n = xs.len();
+    let per = CHUNK / PACK;
+    let mut tile = [0f32; ROWS_TILE * CHUNK];
+    for (i, c) in chunks.enumerate() {
+        for r0 in (0..n).step_by(ROWS_TILE) {
+            let rs = &xs[r0..n.min(r0 + ROWS_TILE)];
+            let t = &mut tile[..rs.len() * CHUNK];
+            gemm(k, m, c * per..(c + 1) * per, rs, t);
+            // `t` is by group, then row: group `g` of row `r` at `(g * rows + r) * PACK`.
+            for (j, v) in t.chunks_exact(PACK).enumerate() {
+                let (g, r) = (j / rs.len(), j % rs.len());
+                let at = (i * n + r0 + r) * CHUNK + g * PACK;
+                out[at..at + PACK].copy_from_slice(v);
             }
         }
     }
@@ -265,8 +378,13 @@ pub(super) struct Input {
 }
 
 /// `x` with the entries whose score is at most `t` zeroed (`weight`: per-entry factor of the
-/// score, `None` for `|x|`) into `out` (as long as `x`).
-fn mask(x: &[f32], weight: Option<&[f32]>, t: f32, out: &mut [f32]) {
+/// score, `None` for `|x|`) into `out` (as long as `x`); `m`'s whole row if it is stored as
+/// rows.
+fn mask(m: &Columns, x: &[f32], weight: Option<&[f32]>, t: f32, out: &mut [f32]) {
+    if m.layout() == Layout::Rows {
+        out.copy_from_slice(x);
+        return;
+    }
     match weight {
         None => {
             for (o, &v) in out.iter_mut().zip(x) {
@@ -305,6 +423,7 @@ fn quantize(
             columns.of_quantized(q);
         }
         Columns::Matrix(_) => columns.of_f32(x),
+        Columns::Rows { m, .. } => q.quantize_for(x, m.kind().inputs()),
     }
 }
 
@@ -313,7 +432,7 @@ impl Input {
     /// score, `None` for `|x|`), made for `m`: quantized as its block type takes it.
     pub(super) fn mask(&mut self, x: &[f32], weight: Option<&[f32]>, t: f32, m: &Columns) {
         self.x.resize(x.len(), 0.0);
-        mask(x, weight, t, &mut self.x);
+        mask(m, x, weight, t, &mut self.x);
         quantize(
             m,
             &self.x,
@@ -363,7 +482,7 @@ impl Inputs {
         }
         for (r, xr) in x.chunks_exact(cols).enumerate() {
             let xm = &mut self.x[r * cols..(r + 1) * cols];
-            mask(xr, weight, t, xm);
+            mask(m, xr, weight, t, xm);
             quantize(
                 m,
                 xm,
@@ -372,7 +491,7 @@ impl Inputs {
                 &mut self.channels[r],
             );
         }
-        if let Some(kind) = m.kind() {
+        if let (Some(kind), Layout::Columns) = (m.kind(), m.layout()) {
             self.union.union_of(kind, &self.channels[..rows]);
         }
     }

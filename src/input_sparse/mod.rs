@@ -31,13 +31,16 @@ mod chess;
 mod columns;
 mod greedy;
 mod linear;
+mod plan;
 mod rule;
 
 pub use chess::ChessRule;
 use chess::Up;
+pub use columns::Layout;
 use columns::{Columns, Input};
 pub use greedy::{GreedyPath, GreedyStep};
 pub use linear::InputSparseLinear;
+pub use plan::{FfnMatrix, LayoutDecision, LayoutPlanner, Layouts, MARGIN, REPEATS};
 pub use rule::{
     split_target, InputScore, InputScores, InputThresholds, WeightTraffic, MAX_SAMPLES,
     SAMPLE_EVERY,
@@ -215,14 +218,49 @@ impl InputSparseFfn {
         threads: usize,
         tier: Option<SimdLevel>,
     ) -> Result<Self> {
+        let layouts = [Layout::Columns; 3];
+        Self::from_qtensors_as(spec, gate, up, down, threads, tier, layouts)
+    }
+
+    /// [`InputSparseFfn::from_qtensors`] with gate, up and down in `layouts` (a
+    /// [`LayoutPlanner`] says which pays): a matrix stored as [`Layout::Rows`] is the dense
+    /// decoder's packed rows, read whole over its unmasked input whatever its threshold.
+    pub fn from_qtensors_as(
+        spec: FfnSpec,
+        gate: Option<&QTensor>,
+        up: &QTensor,
+        down: &QTensor,
+        threads: usize,
+        tier: Option<SimdLevel>,
+        layouts: [Layout; 3],
+    ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
         let k = kernels(threads, tier)?;
+        let [lg, lu, ld] = layouts;
         let gate = gate
-            .map(|g| Columns::from_qtensor(g, "gate_proj.weight", n, h, &k))
+            .map(|g| Columns::from_qtensor_as(g, "gate_proj.weight", n, h, &k, lg))
             .transpose()?;
-        let up = Up::Columns(Columns::from_qtensor(up, "up_proj.weight", n, h, &k)?);
-        let down = Columns::from_qtensor(down, "down_proj.weight", h, n, &k)?;
+        let up = Up::Columns(Columns::from_qtensor_as(
+            up,
+            "up_proj.weight",
+            n,
+            h,
+            &k,
+            lu,
+        )?);
+        let down = Columns::from_qtensor_as(down, "down_proj.weight", h, n, &k, ld)?;
         Self::build(spec, gate, up, down, threads, k)
+    }
+
+    /// How gate (columns when ungated), up and down are stored: a matrix as
+    /// [`Layout::Rows`] skips nothing and ignores its threshold.
+    pub fn layouts(&self) -> [Layout; 3] {
+        let up = match &self.up {
+            Up::Columns(u) => u.layout(),
+            Up::Rows(_) => Layout::Rows,
+        };
+        let gate = self.gate.as_ref().map_or(Layout::Columns, |g| g.layout());
+        [gate, up, self.down.layout()]
     }
 
     /// The FFN on float weights (`[out, in]` tensors, f32/f16/bf16, with optional biases),
@@ -515,14 +553,17 @@ impl InputSparseFfn {
         traffic.dense += dense as u64;
     }
 
-    /// Whether gate and up read one masked input: `|x|` with one threshold for both (TEAL's
-    /// default split), and one block type (or floats) for both.
+    /// Whether gate and up read one input: one block type (or floats) and layout for both, and
+    /// either both stored as rows (the whole row) or `|x|` with one threshold for both (TEAL's
+    /// default split).
     fn shares_input(&self, t: InputThresholds) -> bool {
-        let same = match (&self.gate, &self.up) {
-            (Some(g), Up::Columns(u)) => g.same_input(u),
+        match (&self.gate, &self.up) {
+            (Some(g), Up::Columns(u)) if g.same_input(u) => {
+                g.layout() == Layout::Rows
+                    || (self.score == InputScore::Magnitude && t.gate == t.up)
+            }
             _ => false,
-        };
-        same && self.score == InputScore::Magnitude && t.gate == t.up
+        }
     }
 
     /// Gate and up over column-major weights in one dispatch; returns where up's values start

@@ -56,6 +56,7 @@ fn main() -> Res<()> {
         attention: false,
         up_rows: false,
         artifact: None,
+        layouts: powerinfer_candle::Layouts::Columns,
     };
     let (mut llama, tok) = powerinfer_candle::open(&model, &mode)?;
     let calibration = speeches(&tok, &dir, 1990..=1999, 4096)?;

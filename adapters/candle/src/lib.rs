@@ -67,6 +67,7 @@ pub use input_rule::InputRuleOptions;
 pub use load::{load_gguf, load_safetensors, FfnMode};
 pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
 pub use pipeline::{analyze, Analysis, AnalyzeOptions, Progress};
+pub use powerinfer::layout::Layouts;
 pub use powerinfer::{Neurons, Sparsity};
 pub use tiers::{TierKind, TierOptions, TierReport};
 pub use tokenizer::TextTokenizer;

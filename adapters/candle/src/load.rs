@@ -7,6 +7,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Embedding, VarBuilder};
+use powerinfer::layout::{FfnMatrix, Layout, LayoutPlanner, Layouts};
 use powerinfer::{
     cpu::ColumnStorage, All, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions,
     InputSparseFfn, NeuronBundles, Neurons, Sparsity, WeightDType,
@@ -59,6 +60,12 @@ pub enum FfnMode {
         /// A `.powerinfer` artifact (format version 2) whose calibrated input rule is installed
         /// while loading, after checking it was made from this model file.
         artifact: Option<PathBuf>,
+        /// How each FFN matrix is stored: every one by column (`Layouts::Columns`), or by
+        /// column only where its column product measured faster than the dense rows at the
+        /// fractions the rule is expected to drop (`Layouts::Measured`; with an artifact, its
+        /// rule's fractions), the others as the dense decoder's rows, never masked.
+        /// [`crate::Llama::layout_decisions`] says what was measured and chosen.
+        layouts: Layouts,
     },
     /// `powerinfer::HybridFfn`.
     Hybrid {
@@ -109,6 +116,9 @@ impl FfnMode {
                 attention: false,
                 up_rows: false,
                 artifact,
+                layouts: Layouts::Measured {
+                    drop: crate::InputRuleOptions::default().fractions(),
+                },
             },
         }
     }
@@ -243,19 +253,46 @@ fn install_artifact(mut model: Llama, mode: &FfnMode, model_path: &Path) -> Resu
     Ok(model)
 }
 
+/// The layout planner an input-sparse mode asks for: the fractions it expects dropped are its
+/// artifact's rule's when it names an artifact (read here unchecked; the check against the model
+/// comes with installing it).
+fn layout_planner(mode: &FfnMode) -> Result<Option<LayoutPlanner>> {
+    let FfnMode::InputSparse {
+        threads,
+        artifact,
+        layouts: Layouts::Measured { drop },
+        ..
+    } = mode
+    else {
+        return Ok(None);
+    };
+    let drop = match artifact {
+        Some(a) => match powerinfer::Artifact::load(a)?.meta.input_rule {
+            Some(rule) => rule.allocation,
+            None => *drop,
+        },
+        None => *drop,
+    };
+    Ok(Some(LayoutPlanner::new(drop, *threads, None)?))
+}
+
 fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
     let cfg = gguf_config(gguf)?;
     let (fused, ours) = gguf_plan(gguf, &cfg, mode)?;
+    let planner = layout_planner(mode)?;
     // Grown as layers load: `cfg.layers` comes from the file and is not trusted for a capacity.
     let mut layers = Vec::new();
     for l in 0..cfg.layers {
-        layers.push(gguf_layer(gguf, &cfg, mode, l, fused, ours)?);
+        let ffn = gguf_ffn(gguf, &cfg, mode, l, planner.as_ref())?;
+        layers.push(gguf_layer(gguf, &cfg, mode, l, fused, ours, ffn)?);
     }
     // The layers' temporaries are freed; give them back before the largest tensor is read.
     powerinfer::cpu::release_freed_memory();
     let norm_w = norm(gguf.dequantized("output_norm.weight")?, 0.0)?;
     let (trunk, lm_head) = gguf_trunk(gguf, &cfg, fused)?;
-    finish(cfg, trunk, layers, norm_w, lm_head)
+    let mut model = finish(cfg, trunk, layers, norm_w, lm_head)?;
+    model.layout_decisions = planner.map(|p| p.decisions()).unwrap_or_default();
+    Ok(model)
 }
 
 /// The file's hyper-parameters, PowerInfer's adjustments, and a llama 3.x file's RoPE factors.
@@ -338,11 +375,11 @@ fn gguf_layer(
     l: usize,
     fused: Option<usize>,
     ours: Option<usize>,
+    ffn: Ffn,
 ) -> Result<Layer> {
     let p = format!("blk.{l}");
     let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
     let attn = gguf_attention(gguf, &p, mode, fused, ours)?;
-    let ffn = gguf_ffn(gguf, cfg, mode, l)?;
     let gemma = match cfg.gemma3 {
         Some(_) => Some(GemmaNorms {
             q: norm(deq(gguf, "attn_q_norm")?, cfg.rms_eps)?,
@@ -407,8 +444,14 @@ fn gguf_attention(
     })
 }
 
-/// Layer `l`'s FFN as `mode` says.
-fn gguf_ffn(gguf: &mut GgufFile, cfg: &LlamaConfig, mode: &FfnMode, l: usize) -> Result<Ffn> {
+/// Layer `l`'s FFN as `mode` says (`planner`: the input-sparse layouts' measurements).
+fn gguf_ffn(
+    gguf: &mut GgufFile,
+    cfg: &LlamaConfig,
+    mode: &FfnMode,
+    l: usize,
+    planner: Option<&LayoutPlanner>,
+) -> Result<Ffn> {
     let p = format!("blk.{l}");
     let t = |g: &mut GgufFile, n: &str| g.tensor(&format!("{p}.{n}.weight"));
     let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
@@ -435,11 +478,21 @@ fn gguf_ffn(gguf: &mut GgufFile, cfg: &LlamaConfig, mode: &FfnMode, l: usize) ->
         } => {
             let (gate, up) = (t(gguf, "ffn_gate")?, t(gguf, "ffn_up")?);
             let down = t(gguf, "ffn_down")?;
-            let spec = FfnSpec::gated(cfg.hidden, cfg.intermediate, cfg.activation)?;
+            let (h, n) = (cfg.hidden, cfg.intermediate);
+            let spec = FfnSpec::gated(h, n, cfg.activation)?;
             Ffn::InputSparse(Box::new(if *up_rows {
                 InputSparseFfn::from_qtensors_up_rows(spec, &gate, &up, &down, *threads, None)?
             } else {
-                InputSparseFfn::from_qtensors(spec, Some(&gate), &up, &down, *threads, None)?
+                let layouts = match planner {
+                    Some(p) => [
+                        p.layout(FfnMatrix::Gate, &gate, n, h)?,
+                        p.layout(FfnMatrix::Up, &up, n, h)?,
+                        p.layout(FfnMatrix::Down, &down, h, n)?,
+                    ],
+                    None => [Layout::Columns; 3],
+                };
+                let (g, t) = (Some(&gate), *threads);
+                InputSparseFfn::from_qtensors_as(spec, g, &up, &down, t, None, layouts)?
             }))
         }
         FfnMode::Hybrid { .. } => hybrid_ffn(cfg, mode, l, |spec, storage| match storage {
@@ -563,6 +616,7 @@ fn finish(
         lm_head,
         timings: None,
         logits_copy: Vec::new(),
+        layout_decisions: Vec::new(),
         prefetch_depth: 0,
     })
 }

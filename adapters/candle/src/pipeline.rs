@@ -261,6 +261,7 @@ pub fn analyze(
                 attention: rule.attention > 0.0,
                 up_rows: false,
                 artifact: None,
+                layouts: crate::Layouts::Columns,
             };
             match crate::open(path, &mode) {
                 Ok((mut m, _)) => Some(m.calibrate_input_rule(head, opts.ctx, rule)?),

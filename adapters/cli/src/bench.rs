@@ -479,6 +479,18 @@ fn add_sparsity(row: &mut Row, model: &mut Llama, prompt: &[u32], a: &BenchArgs)
     Ok(())
 }
 
+/// Which FFN matrices run input-sparse (stored by column) in how many layers; the others run
+/// as dense rows because their sparse product measured slower.
+pub(crate) fn layout_summary(model: &powerinfer_candle::Llama) -> String {
+    let c = model.ffn_layout_counts();
+    let parts: Vec<String> = ["gate", "up", "down"]
+        .iter()
+        .zip(c)
+        .map(|(n, (cols, rows))| format!("{n} {cols}/{}", cols + rows))
+        .collect();
+    format!("sparse in {} layers", parts.join(", "))
+}
+
 /// The input-sparse FFN at the default rule (calibrated on speeches up to 1999), with the
 /// share of FFN weight bytes it skipped per decoded token, measured on one more decode.
 fn measure_input(
@@ -488,8 +500,11 @@ fn measure_input(
     a: &BenchArgs,
 ) -> Result<Row> {
     let crate::input::SparseModel { mut m, label, .. } = crate::input::load_rule(path, settings)?;
+    for d in m.model.layout_decisions() {
+        println!("input layout: {d}");
+    }
     let mut row = measure(&mut m.model, prompt, a.decode_tokens, a.runs, "input")?;
-    row.rule = Some(label);
+    row.rule = Some(format!("{label}; {}", layout_summary(&m.model)));
     m.model.clear_kv_cache();
     let mut next = argmax(m.model.forward_logits(prompt, 0)?);
     m.model.take_ffn_traffic();

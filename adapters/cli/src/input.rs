@@ -7,17 +7,19 @@ use powerinfer::{
     format::InputRuleMeta, input_rule::split_target, input_rule::GreedyPath, InputScore,
     InputScores, InputThresholds, WeightTraffic,
 };
-use powerinfer_candle::{FfnMode, InputRuleOptions};
+use powerinfer_candle::{FfnMode, InputRuleOptions, Layouts};
 
 use crate::args::InputRule;
 use crate::common::{corpus_tokens, load, load_sparse, mean_sparsity, spinner, Loaded};
 
-/// Loads `path` for the input rule: the input-sparse FFN, and with `attention` (GGUF files only)
-/// the attention projections on input-sparse columns.
+/// Loads `path` for the input rule: the input-sparse FFN with its matrices laid out as
+/// `layouts` says, and with `attention` (GGUF files only) the attention projections on
+/// input-sparse columns.
 pub(crate) fn load_input(
     path: &std::path::Path,
     threads: usize,
     attention: bool,
+    layouts: Layouts,
 ) -> Result<Loaded> {
     load(
         path,
@@ -26,8 +28,20 @@ pub(crate) fn load_input(
             attention,
             up_rows: false,
             artifact: None,
+            layouts,
         },
     )
+}
+
+/// The layouts of the default sparse mode: each FFN matrix by column only where that measures
+/// faster than dense rows, at the fractions the artifact's rule drops (or the default rule's).
+fn measured_layouts(settings: &crate::common::SparseSettings) -> Result<Layouts> {
+    let artifact = match &settings.artifact {
+        Some(p) => powerinfer::Artifact::load(p)?.meta.input_rule,
+        None => None,
+    };
+    let drop = artifact.map_or_else(|| InputRuleOptions::default().fractions(), |r| r.allocation);
+    Ok(Layouts::Measured { drop })
 }
 
 /// Step of the greedy allocation (share of a matrix's entries per step).
@@ -129,6 +143,7 @@ impl InputModel {
                 attention,
                 up_rows,
                 artifact: None,
+                layouts: Layouts::Columns,
             },
         )?;
         let calib = corpus_tokens(&m.tok, 1790..=1999, calibration)?;
@@ -410,7 +425,13 @@ pub(crate) fn load_rule(
     path: &std::path::Path,
     settings: &crate::common::SparseSettings,
 ) -> Result<SparseModel> {
-    let m = load_input(path, settings.threads, settings.attention_sparsity > 0.0)?;
+    let layouts = measured_layouts(settings)?;
+    let m = load_input(
+        path,
+        settings.threads,
+        settings.attention_sparsity > 0.0,
+        layouts,
+    )?;
     with_rule(m, path, settings)
 }
 
@@ -439,7 +460,13 @@ pub(crate) fn load_default_sparse(
     settings: &crate::common::SparseSettings,
 ) -> Result<SparseModel> {
     if !settings.h_rule {
-        match load_input(path, settings.threads, settings.attention_sparsity > 0.0) {
+        let layouts = measured_layouts(settings)?;
+        match load_input(
+            path,
+            settings.threads,
+            settings.attention_sparsity > 0.0,
+            layouts,
+        ) {
             Ok(m) => return with_rule(m, path, settings),
             Err(e) => eprintln!(
                 "no input-sparse FFN for this file ({e:#}); exact |h| thresholding instead"

@@ -10,6 +10,7 @@ mod rope;
 mod timing;
 
 use candle_core::{DType, Device, IndexOp, Module, Tensor};
+use powerinfer::layout::{Layout, LayoutDecision};
 use powerinfer::HybridFfn;
 
 use crate::config::LlamaConfig;
@@ -54,12 +55,38 @@ pub struct Llama {
     /// Layers ahead whose fast tiers prefetch their predicted neurons (0: none; see
     /// [`crate::TierOptions::prefetch_depth`]).
     pub(crate) prefetch_depth: usize,
+    /// What the input-sparse layouts measured and chose while loading (empty unless
+    /// `Layouts::Measured`).
+    pub(crate) layout_decisions: Vec<LayoutDecision>,
 }
 
 impl Llama {
     /// The hyper-parameters.
     pub fn config(&self) -> &LlamaConfig {
         &self.config
+    }
+
+    /// What the input-sparse FFN's layout planner measured and chose while loading, one entry per
+    /// (matrix, block type, shape): empty unless the mode asked for `Layouts::Measured`.
+    pub fn layout_decisions(&self) -> &[LayoutDecision] {
+        &self.layout_decisions
+    }
+
+    /// Per matrix (gate, up, down), how many layers' input-sparse FFNs store it by column
+    /// (input-sparse) and how many as dense rows.
+    pub fn ffn_layout_counts(&self) -> [(usize, usize); 3] {
+        let mut c = [(0, 0); 3];
+        for f in self.ffns() {
+            if let Ffn::InputSparse(f) = f {
+                for (c, l) in c.iter_mut().zip(f.layouts()) {
+                    match l {
+                        Layout::Columns => c.0 += 1,
+                        Layout::Rows => c.1 += 1,
+                    }
+                }
+            }
+        }
+        c
     }
 
     /// The FFN of every layer (to read statistics or switch modes).

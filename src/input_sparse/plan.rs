@@ -1,0 +1,346 @@
+//! Which layout each GGUF matrix of an input-sparse layer takes: by column only where the column
+//! product, at the fraction of channels the rule is expected to keep, is faster on this machine
+//! than the dense packed rows; elsewhere the packed rows, whose input is never masked.
+//!
+//! A sparse mode that decodes slower than dense is a regression whatever it skips, and whether a
+//! column product pays depends on the block type, the shape, the kept fraction, the CPU and the
+//! thread count. So [`LayoutPlanner`] measures rather than guesses: for each distinct (matrix,
+//! block type, shape) of a model it builds both layouts of the first such matrix, times each
+//! product on the layer's thread count from DRAM (every timed call follows a pass over a buffer
+//! twice the last-level cache, run on the same threads so the pool is awake), takes the median
+//! of [`REPEATS`], and keeps the columns only if they take less than [`MARGIN`] of the rows'
+//! time. Later layers with the same key reuse the decision, so a model is measured once per key
+//! (3-6 keys for the files we run, about 50 ms each).
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use candle_core::quantized::QTensor;
+
+use super::columns::{blocks, Columns, Input, Layout};
+use crate::cpu::{BlockKind, Kernels, Pool, SimdLevel, CHUNK};
+use crate::error::{Error, Result};
+
+/// Timed calls per layout; the median decides.
+pub const REPEATS: usize = 9;
+
+/// The column layout is chosen only if its product takes less than this share of the dense
+/// rows' time: it must pay clearly, since dropping inputs costs accuracy.
+pub const MARGIN: f64 = 0.95;
+
+/// The three matrices of a gated FFN, in [`crate::InputThresholds`]' order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FfnMatrix {
+    /// `gate_proj` (input: the FFN input).
+    Gate,
+    /// `up_proj` (input: the FFN input).
+    Up,
+    /// `down_proj` (input: `h`).
+    Down,
+}
+
+impl FfnMatrix {
+    /// `gate`, `up` or `down`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FfnMatrix::Gate => "gate",
+            FfnMatrix::Up => "up",
+            FfnMatrix::Down => "down",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// How an input-sparse layer lays out its GGUF matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Layouts {
+    /// Every matrix by column: every product input-sparse.
+    #[default]
+    Columns,
+    /// Each matrix by column only where, with the rule expected to drop these fractions of
+    /// gate's, up's and down's input entries, its column product measured faster than the
+    /// packed rows ([`LayoutPlanner`]).
+    Measured {
+        /// Expected dropped fractions of gate's, up's and down's inputs, each in `[0, 1)`.
+        drop: [f64; 3],
+    },
+}
+
+/// One measured choice of [`LayoutPlanner`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayoutDecision {
+    /// Which matrix of the FFN.
+    pub matrix: FfnMatrix,
+    /// Its block type.
+    pub kind: BlockKind,
+    /// Output rows and input columns.
+    pub rows: usize,
+    /// Input columns.
+    pub cols: usize,
+    /// Threads the products ran on.
+    pub threads: usize,
+    /// Fraction of the input channels the column product kept.
+    pub kept: f64,
+    /// Median ms of the dense packed product, from DRAM.
+    pub rows_ms: f64,
+    /// Median ms of the column product at `kept`, from DRAM (not measured, 0, when nothing is
+    /// dropped: the rows win by definition).
+    pub columns_ms: f64,
+    /// Bytes of the dense matrix and bytes the column product read.
+    pub rows_bytes: usize,
+    /// Bytes the column product read at `kept`.
+    pub columns_bytes: usize,
+    /// The layout chosen.
+    pub layout: Layout,
+}
+
+impl std::fmt::Display for LayoutDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gbs = |b: usize, ms: f64| b as f64 / (ms * 1e6);
+        write!(
+            f,
+            "{} {} {}x{}, {} thread(s): rows {:.3} ms ({:.1} GB/s)",
+            self.matrix.name(),
+            self.kind,
+            self.rows,
+            self.cols,
+            self.threads,
+            self.rows_ms,
+            gbs(self.rows_bytes, self.rows_ms),
+        )?;
+        if self.columns_ms > 0.0 {
+            write!(
+                f,
+                ", columns at {:.0}% kept {:.3} ms ({:.1} GB/s, {:.2}x the rows' time)",
+                self.kept * 100.0,
+                self.columns_ms,
+                gbs(self.columns_bytes, self.columns_ms),
+                self.columns_ms / self.rows_ms,
+            )?;
+        }
+        write!(f, " -> {}", self.layout.name())
+    }
+}
+
+/// Measures and remembers, per (matrix, block type, shape), whether the column layout pays (see
+/// the module docs). Shared by every layer of a model while it loads.
+#[derive(Debug)]
+pub struct LayoutPlanner {
+    drop: [f64; 3],
+    pool: std::sync::Arc<Pool>,
+    kernels: Kernels,
+    decisions: Mutex<Vec<LayoutDecision>>,
+}
+
+impl LayoutPlanner {
+    /// A planner for a rule expected to drop `drop` of gate's, up's and down's inputs (each in
+    /// `[0, 1)`), measuring on `threads` threads (the layers' count) with `tier`'s kernels.
+    pub fn new(drop: [f64; 3], threads: usize, tier: Option<SimdLevel>) -> Result<Self> {
+        if let Some(d) = drop.iter().find(|d| !(0.0..1.0).contains(*d)) {
+            return Err(Error::config(
+                "expected input sparsity",
+                format!("{d} is outside [0, 1)"),
+            ));
+        }
+        if threads == 0 {
+            return Err(Error::config("threads", "must be at least 1"));
+        }
+        Ok(LayoutPlanner {
+            drop,
+            pool: Pool::shared(threads),
+            kernels: Kernels::for_tier(tier)?,
+            decisions: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The decisions so far, in the order they were made.
+    pub fn decisions(&self) -> Vec<LayoutDecision> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<LayoutDecision>> {
+        self.decisions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The layout of `t` (`[rows, cols]`, GGUF blocks) as `which` matrix of a layer: the
+    /// remembered decision for its key, or a new measurement.
+    pub fn layout(
+        &self,
+        which: FfnMatrix,
+        t: &QTensor,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Layout> {
+        let (kind, data) = blocks(t, which.name(), rows, cols)?;
+        let same = |d: &LayoutDecision| {
+            d.matrix == which && d.kind == kind && d.rows == rows && d.cols == cols
+        };
+        if let Some(d) = self.lock().iter().find(|d| same(d)) {
+            return Ok(d.layout);
+        }
+        let d = self.measure(which, kind, rows, cols, &data)?;
+        tracing::info!("input-sparse layout: {d}");
+        let layout = d.layout;
+        self.lock().push(d);
+        Ok(layout)
+    }
+
+    fn measure(
+        &self,
+        which: FfnMatrix,
+        kind: BlockKind,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+    ) -> Result<LayoutDecision> {
+        let name = which.name();
+        let drop = self.drop[which.index()];
+        let dense = Columns::rows_from_blocks(kind, rows, cols, data, name)?;
+        let x = input(cols, drop);
+        let mut whole = Input::default();
+        whole.mask(&x, None, 0.0, &dense);
+        let mut d = LayoutDecision {
+            matrix: which,
+            kind,
+            rows,
+            cols,
+            threads: self.pool.threads(),
+            kept: 1.0 - drop,
+            rows_ms: 0.0,
+            columns_ms: 0.0,
+            rows_bytes: dense.dense_bytes(),
+            columns_bytes: dense.dense_bytes(),
+            layout: Layout::Rows,
+        };
+        let flush = Flush::new();
+        if drop == 0.0 {
+            d.rows_ms = self.median(&flush, &dense, &whole);
+            return Ok(d);
+        }
+        let sparse = Columns::from_blocks(kind, rows, cols, data, name, &self.kernels)?;
+        let mut kept = Input::default();
+        kept.mask(&x, None, 0.0, &sparse);
+        d.columns_bytes = sparse.bytes_read(&kept);
+        // Interleaved, so a drift in the machine's load moves both alike.
+        let (mut tr, mut tc) = (Vec::new(), Vec::new());
+        for _ in 0..REPEATS {
+            tr.push(self.timed(&flush, &dense, &whole));
+            tc.push(self.timed(&flush, &sparse, &kept));
+        }
+        (d.rows_ms, d.columns_ms) = (median(tr), median(tc));
+        if d.columns_ms < MARGIN * d.rows_ms {
+            d.layout = Layout::Columns;
+        }
+        Ok(d)
+    }
+
+    fn median(&self, flush: &Flush, m: &Columns, x: &Input) -> f64 {
+        median((0..REPEATS).map(|_| self.timed(flush, m, x)).collect())
+    }
+
+    /// Ms of one product of `m` over `x` on the pool, after the caches are flushed.
+    fn timed(&self, flush: &Flush, m: &Columns, x: &Input) -> f64 {
+        let mut out = vec![0f32; m.chunks() * CHUNK];
+        flush.run(&self.pool);
+        let t = Instant::now();
+        self.pool
+            .run_chunks(&mut out, m.chunks(), CHUNK, &|r, part| {
+                m.product(&self.kernels, r, x, part)
+            });
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        std::hint::black_box(&out);
+        ms
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A deterministic input of `cols` nonzero values in `[-1, 1]` with a fraction `drop` of them
+/// zeroed at pseudo-random places (an activation's small channels look random to the layout).
+fn input(cols: usize, drop: f64) -> Vec<f32> {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    (0..cols)
+        .map(|_| {
+            let v = (next() % 2001) as f32 / 1000.0 - 1.0 + 5e-4;
+            if ((next() % 1_000_000) as f64) < drop * 1e6 {
+                0.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// A buffer twice the last-level cache, read by the pool's threads before each timed product so
+/// that the product's weights come from DRAM, as they do in decoding.
+struct Flush(Vec<u64>);
+
+impl Flush {
+    fn new() -> Self {
+        let bytes = (2 * last_level_cache()).clamp(16 << 20, 512 << 20);
+        // Written (not zeroed pages shared by the kernel), so reading it fills the caches.
+        Flush((0..bytes as u64 / 8).collect())
+    }
+
+    fn run(&self, pool: &Pool) {
+        let n = pool.threads();
+        pool.run(&|t| {
+            let part = &self.0[crate::cpu::share(self.0.len(), t, n)];
+            std::hint::black_box(part.iter().fold(0u64, |a, &v| a ^ v));
+        });
+    }
+}
+
+/// Bytes of the largest cache Linux reports for CPU 0 (32 MiB when it reports none).
+fn last_level_cache() -> usize {
+    let parse = |s: &str| -> Option<usize> {
+        let s = s.trim();
+        let (n, mult) = match s.strip_suffix('K') {
+            Some(n) => (n, 1 << 10),
+            None => match s.strip_suffix('M') {
+                Some(n) => (n, 1 << 20),
+                None => (s, 1),
+            },
+        };
+        n.parse::<usize>().ok().map(|n| n * mult)
+    };
+    (0..8)
+        .filter_map(|i| {
+            std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu0/cache/index{i}/size"))
+                .ok()
+        })
+        .filter_map(|s| parse(&s))
+        .max()
+        .unwrap_or(32 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_drop_about_the_fraction_asked() {
+        for drop in [0.0, 0.21, 0.5, 0.9] {
+            let x = input(4096, drop);
+            let zeros = x.iter().filter(|v| **v == 0.0).count() as f64 / 4096.0;
+            assert!((zeros - drop).abs() < 0.03, "{drop}: {zeros}");
+        }
+    }
+
+    #[test]
+    fn cache_sizes_parse() {
+        assert!(last_level_cache() >= 1 << 10);
+    }
+}
