@@ -42,11 +42,11 @@ impl InputSparseFfn {
         }
         let b = &mut s.batch;
         if let Some(gm) = &self.gate {
-            b.gate.mask(x, self.weight(gm), t.gate, gm);
+            b.gate.mask(x, self.weight(gm), t.gate, gm, &self.pool);
         }
         let shared = self.shares_input(t);
         if !shared {
-            b.up.mask(x, self.weight(um), t.up, um);
+            b.up.mask(x, self.weight(um), t.up, um, &self.pool);
         }
         let cg = self.gate.as_ref().map_or(0, |g| g.chunks());
         let cu = um.chunks();
@@ -71,20 +71,39 @@ impl InputSparseFfn {
         let bias = |b: &Option<Vec<f32>>, j: usize| b.as_ref().map_or(0.0, |b| b[j]);
         b.h.resize(rows * n, 0.0);
         b.u.resize(rows * n, 0.0);
-        for r in 0..rows {
-            let (h, u) = (&mut b.h[r * n..(r + 1) * n], &mut b.u[r * n..(r + 1) * n]);
-            for (j, (hv, uv)) in h.iter_mut().zip(u.iter_mut()).enumerate() {
-                *uv = b.gu[at(cg, rows, r, j)];
-                let up = *uv + bias(&self.up_bias, j);
-                *hv = match self.gate {
-                    Some(_) => act.gated(b.gu[at(0, rows, r, j)] + bias(&self.gate_bias, j), up),
-                    None => act.ungated(up),
-                };
+        // Each row's `h` and up values on the pool (rows in static shares), then recorded in
+        // row order.
+        let gu = &b.gu;
+        let gated = self.gate.is_some();
+        self.pool.run_chunks(&mut b.h, rows, n, &|rr, part| {
+            for (r, h) in rr.zip(part.chunks_exact_mut(n)) {
+                for (j, hv) in h.iter_mut().enumerate() {
+                    let up = gu[at(cg, rows, r, j)] + bias(&self.up_bias, j);
+                    *hv = match gated {
+                        true => act.gated(gu[at(0, rows, r, j)] + bias(&self.gate_bias, j), up),
+                        false => act.ungated(up),
+                    };
+                }
             }
-            self.record(&x[r * hd..(r + 1) * hd], Some((&*h, &*u)));
+        });
+        self.pool.run_chunks(&mut b.u, rows, n, &|rr, part| {
+            for (r, u) in rr.zip(part.chunks_exact_mut(n)) {
+                for (j, uv) in u.iter_mut().enumerate() {
+                    *uv = gu[at(cg, rows, r, j)];
+                }
+            }
+        });
+        for r in 0..rows {
+            let (h, u) = (&b.h[r * n..(r + 1) * n], &b.u[r * n..(r + 1) * n]);
+            self.record(&x[r * hd..(r + 1) * hd], Some((h, u)));
         }
-        b.down
-            .mask(&b.h, self.weight(&self.down), t.down, &self.down);
+        b.down.mask(
+            &b.h,
+            self.weight(&self.down),
+            t.down,
+            &self.down,
+            &self.pool,
+        );
         let cd = self.down.chunks();
         b.y.resize(cd * rows * CHUNK, 0.0);
         let down_in = &b.down;

@@ -19,7 +19,7 @@ use candle_core::quantized::QTensor;
 
 use crate::cpu::{
     dequantize_blocks, gemm, ActiveChannels, ActiveColumns, BlockKind, ColumnBlocks, ColumnMatrix,
-    Kernels, PackedRows, QuantizedRow, CHUNK, PACK,
+    Kernels, PackedRows, Pool, QuantizedRow, CHUNK, PACK,
 };
 use crate::error::{Error, Result};
 
@@ -399,15 +399,8 @@ fn mask(m: &Columns, x: &[f32], weight: Option<&[f32]>, t: f32, out: &mut [f32])
     }
 }
 
-/// The masked row `x` quantized as `m`'s block type takes it, with its nonzero channels (block
-/// matrices) or columns (the others).
-fn quantize(
-    m: &Columns,
-    x: &[f32],
-    q: &mut QuantizedRow,
-    columns: &mut ActiveColumns,
-    channels: &mut ActiveChannels,
-) {
+/// The masked row `x` quantized as `m`'s block type takes it (nothing for float matrices).
+fn quantize_row(m: &Columns, x: &[f32], q: &mut QuantizedRow) {
     match m {
         Columns::Blocks { m, .. } => {
             let inputs = m.kind().inputs();
@@ -416,15 +409,40 @@ fn quantize(
             } else {
                 q.quantize_values(x);
             }
-            channels.of(m.kind(), q);
         }
-        Columns::Matrix(m) if m.quant().is_some() => {
-            q.quantize_values(x);
-            columns.of_quantized(q);
-        }
-        Columns::Matrix(_) => columns.of_f32(x),
+        Columns::Matrix(m) if m.quant().is_some() => q.quantize_values(x),
+        Columns::Matrix(_) => {}
         Columns::Rows { m, .. } => q.quantize_for(x, m.kind().inputs()),
     }
+}
+
+/// The kept channels (block matrices) or columns (the others) of a row quantized by
+/// [`quantize_row`]; nothing for packed rows, which read every column.
+fn active_of(
+    m: &Columns,
+    x: &[f32],
+    q: &QuantizedRow,
+    columns: &mut ActiveColumns,
+    channels: &mut ActiveChannels,
+) {
+    match m {
+        Columns::Blocks { m, .. } => channels.of(m.kind(), q),
+        Columns::Matrix(m) if m.quant().is_some() => columns.of_quantized(q),
+        Columns::Matrix(_) => columns.of_f32(x),
+        Columns::Rows { .. } => {}
+    }
+}
+
+/// [`quantize_row`] and [`active_of`].
+fn quantize(
+    m: &Columns,
+    x: &[f32],
+    q: &mut QuantizedRow,
+    columns: &mut ActiveColumns,
+    channels: &mut ActiveChannels,
+) {
+    quantize_row(m, x, q);
+    active_of(m, x, q, columns, channels);
 }
 
 impl Input {
@@ -469,8 +487,16 @@ pub(super) struct Inputs {
 }
 
 impl Inputs {
-    /// [`Input::mask`] for each row of `x` (`rows * m.cols()` values).
-    pub(super) fn mask(&mut self, x: &[f32], weight: Option<&[f32]>, t: f32, m: &Columns) {
+    /// [`Input::mask`] for each row of `x` (`rows * m.cols()` values), the rows shared among
+    /// `pool`'s threads (each row alone: the bits do not depend on the thread count).
+    pub(super) fn mask(
+        &mut self,
+        x: &[f32],
+        weight: Option<&[f32]>,
+        t: f32,
+        m: &Columns,
+        pool: &Pool,
+    ) {
         let cols = m.cols();
         let rows = x.len() / cols.max(1);
         self.rows = rows;
@@ -480,16 +506,43 @@ impl Inputs {
             self.columns.resize_with(rows, Default::default);
             self.channels.resize_with(rows, Default::default);
         }
-        for (r, xr) in x.chunks_exact(cols).enumerate() {
-            let xm = &mut self.x[r * cols..(r + 1) * cols];
-            mask(m, xr, weight, t, xm);
-            quantize(
-                m,
-                xm,
-                &mut self.q[r],
-                &mut self.columns[r],
-                &mut self.channels[r],
-            );
+        let Inputs {
+            x: xm,
+            q,
+            columns,
+            channels,
+            ..
+        } = self;
+        let xm = &mut xm[..rows * cols];
+        pool.run_chunks(xm, rows, cols, &|r, part| {
+            for (xr, o) in x[r.start * cols..]
+                .chunks_exact(cols)
+                .zip(part.chunks_exact_mut(cols))
+            {
+                mask(m, xr, weight, t, o);
+            }
+        });
+        let xm = &*xm;
+        let row = |r: usize| &xm[r * cols..(r + 1) * cols];
+        pool.run_chunks(&mut q[..rows], rows, 1, &|r, part| {
+            for (i, q) in r.zip(part) {
+                quantize_row(m, row(i), q);
+            }
+        });
+        let q = &q[..rows];
+        pool.run_chunks(&mut channels[..rows], rows, 1, &|r, part| {
+            let mut none = ActiveColumns::default();
+            for (i, c) in r.zip(part) {
+                active_of(m, row(i), &q[i], &mut none, c);
+            }
+        });
+        if matches!(m, Columns::Matrix(_)) {
+            pool.run_chunks(&mut columns[..rows], rows, 1, &|r, part| {
+                let mut none = ActiveChannels::default();
+                for (i, c) in r.zip(part) {
+                    active_of(m, row(i), &q[i], c, &mut none);
+                }
+            });
         }
         if let (Some(kind), Layout::Columns) = (m.kind(), m.layout()) {
             self.union.union_of(kind, &self.channels[..rows]);

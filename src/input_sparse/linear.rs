@@ -222,7 +222,7 @@ impl InputSparseLinear {
         let Scratch {
             inputs, y, traffic, ..
         } = s;
-        inputs.mask(x, None, self.threshold, &self.w);
+        inputs.mask(x, None, self.threshold, &self.w, &self.pool);
         let chunks = self.w.chunks();
         y.resize(chunks * rows * CHUNK, 0.0);
         let (k, inp) = (&self.kernels, &*inputs);

@@ -35,7 +35,11 @@ pub(crate) fn load_input(
 
 /// The layouts of the default sparse mode: each FFN matrix by column only where that measures
 /// faster than dense rows, at the fractions the artifact's rule drops (or the default rule's).
+/// `POWERINFER_LAYOUTS=columns` puts every matrix by column (to measure the column kernels).
 fn measured_layouts(settings: &crate::common::SparseSettings) -> Result<Layouts> {
+    if std::env::var("POWERINFER_LAYOUTS").as_deref() == Ok("columns") {
+        return Ok(Layouts::Columns);
+    }
     let artifact = match &settings.artifact {
         Some(p) => powerinfer::Artifact::load(p)?.meta.input_rule,
         None => None,

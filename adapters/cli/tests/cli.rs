@@ -3,8 +3,13 @@
 use std::process::Command;
 
 fn powerinfer(args: &[&str]) -> (bool, String, String) {
+    powerinfer_env(args, &[])
+}
+
+fn powerinfer_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_powerinfer"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     (
@@ -174,7 +179,9 @@ fn eval_and_generate_default_to_the_input_rule() {
         let line = out.lines().rev().find(|l| l.starts_with('{'));
         serde_json::from_str(line.expect("a JSON line")).unwrap()
     };
-    let (ok, out, err) = powerinfer(&[&["eval"][..], &small].concat());
+    // Every matrix by column, so the rule's skipped bytes show whatever this machine measures.
+    let columns = [("POWERINFER_LAYOUTS", "columns")];
+    let (ok, out, err) = powerinfer_env(&[&["eval"][..], &small].concat(), &columns);
     assert!(ok, "{err}");
     let j = json(&out);
     assert_eq!(j["mode"], "input", "{out}");
@@ -332,7 +339,12 @@ fn analyze_then_use_the_artifact() {
     // `predictors:` its trained predictors; a bare path is neither.
     let model = powerinfer_data::smollm2(&mut |_| ()).unwrap();
     let mode = |s: String| powerinfer_candle::FfnMode::sparse(s.parse().unwrap(), 2);
-    let (mut m, tok) = powerinfer_candle::open(&model, &mode(format!("input:{a}"))).unwrap();
+    // Every matrix by column (not as measured on this machine), so the rule's skipped bytes show.
+    let mut by_column = mode(format!("input:{a}"));
+    if let powerinfer_candle::FfnMode::InputSparse { layouts, .. } = &mut by_column {
+        *layouts = powerinfer_candle::Layouts::Columns;
+    }
+    let (mut m, tok) = powerinfer_candle::open(&model, &by_column).unwrap();
     let prompt = tok.encode("The capital of France is").unwrap();
     m.forward_logits(&prompt, 0).unwrap();
     let skipped = m.take_ffn_traffic().skipped();
@@ -374,19 +386,23 @@ fn analyze_then_use_the_artifact() {
         .all(|r| (0.0..=1.0).contains(&r.as_f64().unwrap())));
 
     // bench has a row for the trained predictors next to exact thresholding.
-    let (ok, out, err) = powerinfer(&[
-        "bench",
-        "--prompt-tokens",
-        "8",
-        "--decode-tokens",
-        "2",
-        "--runs",
-        "1",
-        "--powerinfer",
-        a,
-        "--attention-sparsity",
-        "0.2",
-    ]);
+    // Every FFN matrix by column (not as measured), so the rule's skipped bytes show.
+    let (ok, out, err) = powerinfer_env(
+        &[
+            "bench",
+            "--prompt-tokens",
+            "8",
+            "--decode-tokens",
+            "2",
+            "--runs",
+            "1",
+            "--powerinfer",
+            a,
+            "--attention-sparsity",
+            "0.2",
+        ],
+        &[("POWERINFER_LAYOUTS", "columns")],
+    );
     assert!(ok, "{err}");
     assert!(out.contains("\"mode\":\"trained\""), "{out}");
     // ... and one for the artifact's input-sparse rule, with the FFN bytes it skipped.
