@@ -15,7 +15,7 @@ mod common;
 use common::*;
 use half::f16;
 use powerinfer::cpu::{
-    dot_row, ActiveChannels, BlockKind, ColumnBlocks, Kernels, QuantizedRow, UNIT_ROWS,
+    dot_row, ActiveChannels, BlockKind, ColumnBlocks, Kernels, QuantizedRow, SLAB_ROWS, UNIT_ROWS,
 };
 use powerinfer::{cpu::SimdLevel, ErrorKind};
 use proptest::prelude::*;
@@ -201,7 +201,7 @@ fn edge_shapes() {
     }
 }
 
-/// Two "threads" over a matrix of two slabs (8192 rows each), split inside the first.
+/// Two "threads" over a matrix of two slabs (`SLAB_ROWS` rows each), split inside the first.
 #[test]
 fn rows_past_one_pass() {
     for kind in [
@@ -210,8 +210,9 @@ fn rows_past_one_pass() {
         BlockKind::Q6K,
         BlockKind::Q8_0,
     ] {
-        check(kind, 8200, 256, 0.5, 2, 70, 11);
-        check_rows(kind, 8200, 256, 3, 2, 0.5, 2, 100, 12);
+        let rows = SLAB_ROWS + 8;
+        check(kind, rows, 256, 0.5, 2, 70, 11);
+        check_rows(kind, rows, 256, 3, 2, 0.5, 2, 100, 12);
     }
 }
 

@@ -283,7 +283,7 @@ impl Kernels {
         if tier == SimdLevel::Avx512 && has_vnni512() && colblocks::x86::supported() {
             // SAFETY: AVX-512F/BW/VL/VNNI detected by `has_vnni512`, the rest by `supported`.
             k.column_blocks_q =
-                |m, u, x, a, o| unsafe { colblocks::x86::product_vnni(m, u, x, a, o) };
+                |m, u, x, a, o| unsafe { colblocks::row_x86::product_vnni(m, u, x, a, o) };
             // SAFETY: as above.
             k.column_blocks_rows_q =
                 |m, u, x, a, p, o| unsafe { colblocks::x86::product_rows_vnni(m, u, x, a, p, o) };

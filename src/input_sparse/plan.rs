@@ -6,7 +6,8 @@
 //! column product pays depends on the block type, the shape, the kept fraction, the CPU and the
 //! thread count. So [`LayoutPlanner`] measures rather than guesses: for each distinct (matrix,
 //! block type, shape) of a model it builds both layouts of the first such matrix, times each
-//! product on the layer's thread count from DRAM (every timed call follows a pass over a buffer
+//! product on the layer's thread count from DRAM, as the layer dispatches it (gate and up in one
+//! dispatch, so two matrices of the shape, each thread a share of their chunks; down alone) (every timed call follows a pass over a buffer
 //! twice the last-level cache, run on the same threads so the pool is awake), takes the median
 //! of [`REPEATS`], and keeps the columns only if they take less than [`MARGIN`] of the rows'
 //! time. Later layers with the same key reuse the decision, so a model is measured once per key
@@ -84,7 +85,8 @@ pub struct LayoutDecision {
     pub threads: usize,
     /// Fraction of the input channels the column product kept.
     pub kept: f64,
-    /// Median ms of the dense packed product, from DRAM.
+    /// Median ms of the dense packed product, from DRAM, per matrix as the layer dispatches it
+    /// (gate and up: half a dispatch of two).
     pub rows_ms: f64,
     /// Median ms of the column product at `kept`, from DRAM (not measured, 0, when nothing is
     /// dropped: the rows win by definition).
@@ -198,10 +200,18 @@ impl LayoutPlanner {
     ) -> Result<LayoutDecision> {
         let name = which.name();
         let drop = self.drop[which.index()];
-        let dense = Columns::rows_from_blocks(kind, rows, cols, data, name)?;
+        // Gate and up run in one dispatch (each thread takes a share of their chunks, one
+        // matrix after the other), so they are timed that way: two matrices of the shape.
+        let copies = match which {
+            FfnMatrix::Down => 1,
+            FfnMatrix::Gate | FfnMatrix::Up => 2,
+        };
+        let dense = (0..copies)
+            .map(|_| Columns::rows_from_blocks(kind, rows, cols, data, name))
+            .collect::<Result<Vec<_>>>()?;
         let x = input(cols, drop);
         let mut whole = Input::default();
-        whole.mask(&x, None, 0.0, &dense);
+        whole.mask(&x, None, 0.0, &dense[0]);
         let mut d = LayoutDecision {
             matrix: which,
             kind,
@@ -211,8 +221,8 @@ impl LayoutPlanner {
             kept: 1.0 - drop,
             rows_ms: 0.0,
             columns_ms: 0.0,
-            rows_bytes: dense.dense_bytes(),
-            columns_bytes: dense.dense_bytes(),
+            rows_bytes: dense[0].dense_bytes(),
+            columns_bytes: dense[0].dense_bytes(),
             layout: Layout::Rows,
         };
         let flush = Flush::new();
@@ -220,10 +230,12 @@ impl LayoutPlanner {
             d.rows_ms = self.median(&flush, &dense, &whole);
             return Ok(d);
         }
-        let sparse = Columns::from_blocks(kind, rows, cols, data, name, &self.kernels)?;
+        let sparse = (0..copies)
+            .map(|_| Columns::from_blocks(kind, rows, cols, data, name, &self.kernels))
+            .collect::<Result<Vec<_>>>()?;
         let mut kept = Input::default();
-        kept.mask(&x, None, 0.0, &sparse);
-        d.columns_bytes = sparse.bytes_read(&kept);
+        kept.mask(&x, None, 0.0, &sparse[0]);
+        d.columns_bytes = sparse[0].bytes_read(&kept);
         // Interleaved, so a drift in the machine's load moves both alike.
         let (mut tr, mut tc) = (Vec::new(), Vec::new());
         for _ in 0..REPEATS {
@@ -237,22 +249,37 @@ impl LayoutPlanner {
         Ok(d)
     }
 
-    fn median(&self, flush: &Flush, m: &Columns, x: &Input) -> f64 {
-        median((0..REPEATS).map(|_| self.timed(flush, m, x)).collect())
+    fn median(&self, flush: &Flush, ms: &[Columns], x: &Input) -> f64 {
+        median((0..REPEATS).map(|_| self.timed(flush, ms, x)).collect())
     }
 
-    /// Ms of one product of `m` over `x` on the pool, after the caches are flushed.
-    fn timed(&self, flush: &Flush, m: &Columns, x: &Input) -> f64 {
-        let mut out = vec![0f32; m.chunks() * CHUNK];
+    /// Ms per matrix of one dispatch of the products of `ms` (one shape) over `x` on the pool,
+    /// their chunks one matrix after the other, after the caches are flushed.
+    fn timed(&self, flush: &Flush, ms: &[Columns], x: &Input) -> f64 {
+        let per = ms.first().map_or(0, Columns::chunks);
+        let mut out = vec![0f32; ms.len() * per * CHUNK];
         flush.run(&self.pool);
         let t = Instant::now();
         self.pool
-            .run_chunks(&mut out, m.chunks(), CHUNK, &|r, part| {
-                m.product(&self.kernels, r, x, part)
+            .run_chunks(&mut out, ms.len() * per, CHUNK, &|r, part| {
+                let mut at = 0;
+                for (i, m) in ms.iter().enumerate() {
+                    let (lo, hi) = (r.start.max(i * per), r.end.min((i + 1) * per));
+                    if lo < hi {
+                        let n = ((hi - lo) * CHUNK).min(part.len() - at);
+                        m.product(
+                            &self.kernels,
+                            lo - i * per..hi - i * per,
+                            x,
+                            &mut part[at..at + n],
+                        );
+                        at += n;
+                    }
+                }
             });
-        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let ms_total = t.elapsed().as_secs_f64() * 1e3;
         std::hint::black_box(&out);
-        ms
+        ms_total / ms.len().max(1) as f64
     }
 }
 

@@ -46,20 +46,27 @@ use super::quant::{QuantizedRow, QK};
 use crate::error::{Error, Result};
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod row_x86;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
 /// Rows per unit of a column: rows are padded to a multiple of it, and threads split the rows
 /// by units.
 pub const UNIT_ROWS: usize = 32;
 
-/// Rows per slab. A slab's integer sums fit the kernels' stack arrays (32 KiB each, in L2), and
-/// one slab's kept channels are read as one forward stream with gaps. Longer runs stream DRAM
+/// Rows per slab. A slab's integer sums fit the kernels' per-thread arrays (64 KiB each, in L2),
+/// and one slab's kept channels are read as one forward stream with gaps. Longer runs stream DRAM
 /// better: on Qwen2.5-1.5B's gate (8960 rows, 60% of the channels kept) 8192-row slabs read
-/// 73-75% of the dense kernel's GB/s, 4096-row slabs 70-72%, 2048-row slabs less.
-pub const SLAB_ROWS: usize = 8192;
+/// 73-75% of the dense kernel's GB/s, 4096-row slabs 70-72%, 2048-row slabs less; 16384 rows
+/// hold every FFN matrix of the 0.5-7B models in one slab (at 8192, the gate's last 768 rows
+/// were a slab of 384-byte runs).
+pub const SLAB_ROWS: usize = 16384;
 
 /// Bytes past the last unit that a kernel may read (and ignore).
 const SLACK: usize = 32;
+
+/// A cache line: the layout starts on one (the allocation holds this many bytes more).
+const LINE: usize = 64;
 
 /// How a block type sits in the column layout.
 #[derive(Debug, Clone, Copy)]
@@ -111,15 +118,31 @@ pub(crate) const fn format(kind: BlockKind) -> Format {
 
 /// A `rows x cols` matrix of GGUF blocks stored column-major for input-sparse products (see
 /// the module docs).
-#[derive(Clone)]
 pub struct ColumnBlocks {
     kind: BlockKind,
     rows: usize,
     cols: usize,
     /// `rows` rounded up to a multiple of [`UNIT_ROWS`].
     pad: usize,
-    /// The slabs, one after another.
+    /// The slabs, one after another, from `data[start]`: the first byte on a cache line, so
+    /// the kernels' 32-byte loads of a run never straddle two lines (every run starts on a
+    /// multiple of 16 bytes from it).
     data: Vec<u8>,
+    start: usize,
+}
+
+impl Clone for ColumnBlocks {
+    fn clone(&self) -> Self {
+        let mut m = ColumnBlocks {
+            data: Vec::new(),
+            start: 0,
+            ..*self
+        };
+        let n = self.bytes();
+        m.alloc(n);
+        m.data_mut()[..n].copy_from_slice(&self.data()[..n]);
+        m
+    }
 }
 
 impl std::fmt::Debug for ColumnBlocks {
@@ -239,11 +262,12 @@ impl ColumnBlocks {
             cols,
             pad,
             data: Vec::new(),
+            start: 0,
         };
         let slabs = m.slabs();
         // Slack: the SIMD kernel reads a 5- or 6-bit unit as 32 bytes, past the last unit's end.
         let len: usize = (0..slabs).map(|s| m.slab(s).1.block * m.blocks()).sum();
-        m.data = vec![0u8; len + SLACK];
+        m.alloc(len);
         let f = format(kind);
         let heads: &[usize] = match kind {
             BlockKind::Q6K => &[208],
@@ -262,7 +286,7 @@ impl ColumnBlocks {
                 runs.clear();
                 runs.extend((0..cols).map(|c| o.column(c, f.planes)));
             }
-            let (r0, data) = (r0 % SLAB_ROWS, &mut m.data[base..]);
+            let (r0, data) = (r0 % SLAB_ROWS, &mut m.data_mut()[base..]);
             let at = r0 / UNIT_ROWS * f.unit;
             let n = tile.len() / rb;
             for b in 0..cols / elems {
@@ -333,9 +357,9 @@ impl ColumnBlocks {
         self.pad / UNIT_ROWS
     }
 
-    /// Bytes of the layout (held: [`SLACK`] more).
+    /// Bytes of the layout (held: [`SLACK`] and a cache line more).
     pub fn bytes(&self) -> usize {
-        self.data.len() - SLACK
+        self.data.len() - LINE - SLACK
     }
 
     /// Bytes a product over `active` reads: its columns, and the planes of the groups and
@@ -349,7 +373,17 @@ impl ColumnBlocks {
     }
 
     pub(crate) fn data(&self) -> &[u8] {
-        &self.data
+        &self.data[self.start..]
+    }
+
+    fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.data[self.start..]
+    }
+
+    /// Zeroed room for `len` bytes of slabs (and [`SLACK`]) from a cache line's start.
+    fn alloc(&mut self, len: usize) {
+        self.data = vec![0u8; len + SLACK + LINE];
+        self.start = self.data.as_ptr().align_offset(LINE).min(LINE);
     }
 }
 
@@ -533,7 +567,7 @@ pub(crate) fn product_scalar(
     let (qpg, qpb) = (f.group, kind.block_elems());
     for (u, acc) in units.clone().zip(out.chunks_exact_mut(UNIT_ROWS)) {
         let (base, o) = m.slab(u * UNIT_ROWS / SLAB_ROWS);
-        let (data, r0) = (&m.data[base..], u * UNIT_ROWS % SLAB_ROWS);
+        let (data, r0) = (&m.data()[base..], u * UNIT_ROWS % SLAB_ROWS);
         let at = r0 / UNIT_ROWS * f.unit;
         acc.fill(0.0);
         for block in runs(&active.channels, qpb) {
@@ -611,4 +645,24 @@ fn unpack(bits: u32, unit: &[u8]) -> [u8; UNIT_ROWS] {
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout starts on a cache line, also in a clone (another allocation), and holds the
+    /// same bytes.
+    #[test]
+    fn layout_starts_on_a_line() {
+        let kind = BlockKind::Q4_0;
+        let src = vec![0u8; 40 * kind.row_bytes(64)];
+        let m = ColumnBlocks::from_blocks(kind, 40, 64, &src).unwrap();
+        let c = m.clone();
+        for m in [&m, &c] {
+            assert_eq!(m.data().as_ptr() as usize % LINE, 0);
+            assert!(m.data().len() >= m.bytes() + SLACK);
+        }
+        assert_eq!(m.data()[..m.bytes()], c.data()[..c.bytes()]);
+    }
 }

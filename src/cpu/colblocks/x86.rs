@@ -1,18 +1,11 @@
-//! The AVX-512 VNNI form of the column-block product ([`super::ColumnBlocksFn`]).
+//! What the AVX-512 VNNI column-block products share (the gathers), and the batched form.
 //!
-//! Rows go in passes over one slab each. In a pass, a group's kept channels are taken four at a
-//! time: per 32 rows, the four channels' units are loaded into vectors and a byte permute
-//! (`vpermb`, or `vpermt2b` over two channels per vector) interleaves them into 16 rows x 4
-//! channels of nibbles (4-bit units two at a time, one 32-byte load per channel; the fifth and
-//! sixth bits become byte masks with `vpshufbitqmb`), so one `vpdpbusd` per 16 rows adds the
-//! four products into the group's integer sums (per thread, reused). Up to 8 channels (Q6_K 16)
-//! share one load and store of the sums. After a group the sums are scaled into the K-quants'
-//! per-block integer sums, after a block into the outputs, in the dense kernel's order. The kept channels
-//! form one stream with jumps, so the kernel asks for the bytes [`AHEAD`] further along that
-//! stream (not along memory), one hint per line, as the dense kernel does along its records;
-//! a group's byte planes and a block's f16 planes, read after the runs, are asked for line by
-//! line during the group's first pass (on Qwen2.5-1.5B's down, Q4_K, 60% kept, this took the
-//! kernel from 57% to 68% of the dense kernel's GB/s from DRAM).
+//! A gather takes four kept channels of a group: per 32 rows, the four channels' units are
+//! loaded into vectors and a byte permute (`vpermb`, or `vpermt2b` over two channels per vector)
+//! interleaves them into 16 rows x 4 channels of nibbles (4-bit units two at a time, one 32-byte
+//! load per channel; the fifth and sixth bits become byte masks with `vpshufbitqmb`), so one
+//! `vpdpbusd` per 16 rows adds the four products into a group's integer sums. The one-row
+//! product is [`super::row_x86`].
 //!
 //! Several input rows (a prompt) take the batched form, [`product_rows_vnni`]: the same gathers,
 //! each feeding every row of a chunk of 32, in short tiles of rows (see its docs).
@@ -21,30 +14,13 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::Offsets;
-use super::{clamp, clamp_rows, format, piece_at, runs, ActiveChannels, ColumnBlocks, Format};
+use super::{clamp_rows, format, piece_at, runs, ActiveChannels, ColumnBlocks, Format};
 use super::{SLAB_ROWS, UNIT_ROWS};
 use crate::cpu::blocks::BlockKind;
 use crate::cpu::quant::QuantizedRow;
 
-/// Units per slab: a pass covers one slab's rows (or a thread's share of them).
+/// Units per slab: a tile stays in one.
 const SLAB_UNITS: usize = SLAB_ROWS / UNIT_ROWS;
-
-/// Channels per pass at most (they share one load and store of the group's sums per unit of
-/// rows; more channels are more runs streamed at once). Measured from DRAM on Qwen2.5-1.5B's
-/// gate and down, 60% kept, against 16: 8 channels read 2-5 points of the dense kernel's GB/s
-/// more for the 4- and 5-bit types and Q8_0's down 13 more (its gate 4 less); 32 lost 3-6.
-/// Q6_K (16-channel groups) does better with its whole group in one pass.
-const fn pass_channels(bits: u32) -> usize {
-    if bits == 6 {
-        16
-    } else {
-        8
-    }
-}
-
-/// Bytes ahead, along the kept channels, that the kernel asks for (into L2), as the dense
-/// kernel's 16 KiB along its records.
-const AHEAD: usize = 16 * 1024;
 
 /// Whether this CPU has what the kernel needs besides AVX-512 VNNI: VBMI (`vpermb`), BITALG
 /// (`vpshufbitqmb`), F16C and FMA.
@@ -55,136 +31,9 @@ pub(crate) fn supported() -> bool {
         && is_x86_feature_detected!("fma")
 }
 
-/// # Safety
-/// The CPU must have AVX-512F/BW/VL/VNNI and what [`supported`] checks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma")]
-pub(crate) unsafe fn product_vnni(
-    m: &ColumnBlocks,
-    units: Range<usize>,
-    x: &QuantizedRow,
-    active: &ActiveChannels,
-    out: &mut [f32],
-) {
-    // SAFETY: forwarded contract; one monomorphic kernel per value width.
-    unsafe {
-        match format(m.kind()).bits {
-            4 => vnni::<4>(m, units, x, active, out),
-            5 => vnni::<5>(m, units, x, active, out),
-            6 => vnni::<6>(m, units, x, active, out),
-            _ => vnni::<8>(m, units, x, active, out),
-        }
-    }
-}
-
-/// A prefetch cursor [`AHEAD`] bytes along the stream of the kept channels' runs in one pass.
-struct Ahead<'a> {
-    channels: &'a [u32],
-    data: *const u8,
-    o: Offsets,
-    f: Format,
-    /// Where the pass starts in each run (bytes).
-    first: usize,
-    /// Bytes of one channel's run in the pass.
-    run: usize,
-    at: usize,
-    off: usize,
-    base: *const u8,
-    /// The line last asked for.
-    line: usize,
-}
-
-impl<'a> Ahead<'a> {
-    /// The cursor of a pass over units `u0..u0 + units` of the slab at `data` (offsets `o`).
-    fn new(
-        data: *const u8,
-        o: Offsets,
-        f: Format,
-        channels: &'a [u32],
-        u0: usize,
-        units: usize,
-    ) -> Self {
-        let run = (units * f.unit).max(1);
-        let mut a = Ahead {
-            channels,
-            data,
-            o,
-            f,
-            first: u0 * f.unit,
-            run,
-            at: AHEAD / run,
-            off: AHEAD % run,
-            base: std::ptr::null(),
-            line: 0,
-        };
-        a.locate();
-        a
-    }
-
-    /// Points `base` at the run of channel `at`, if there is one.
-    fn locate(&mut self) {
-        if let Some(&c) = self.channels.get(self.at) {
-            let at = self.o.column(c as usize, self.f.planes) + self.first;
-            self.base = self.data.wrapping_add(at);
-        }
-    }
-
-    /// Moves `bytes` on (at most a run) and asks for the line there if it is a new one (and
-    /// the line before it, when more than a line was passed).
-    #[inline(always)]
-    fn advance(&mut self, bytes: usize) {
-        self.off += bytes;
-        if self.off >= self.run {
-            self.off -= self.run;
-            self.at += 1;
-            self.locate();
-        }
-        if self.at < self.channels.len() {
-            let p = self.base.wrapping_add(self.off);
-            if p as usize >> 6 != self.line {
-                self.line = p as usize >> 6;
-                // SAFETY: prefetches are hints and never fault; SSE is part of x86-64.
-                unsafe {
-                    _mm_prefetch::<_MM_HINT_T1>(p.cast());
-                    if bytes > 64 {
-                        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_sub(64).cast());
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Planes read after a pass (a group's byte planes, a block's f16 planes), asked for as the
-/// pass goes: per unit of rows, the line holding that unit's bytes of each plane.
-#[derive(Clone, Copy, Default)]
-struct Later {
-    /// Where each plane's rows of the pass start, and its bytes per row.
-    planes: [(usize, usize); 4],
-    len: usize,
-}
-
-impl Later {
-    fn push(&mut self, p: *const u8, bytes_per_row: usize) {
-        self.planes[self.len] = (p as usize, bytes_per_row);
-        self.len += 1;
-    }
-
-    /// Asks for unit `k`'s bytes of each plane, where they start a new line.
-    #[inline(always)]
-    fn unit(&self, k: usize) {
-        for &(p, per) in &self.planes[..self.len] {
-            let at = p + k * UNIT_ROWS * per;
-            if at & 63 < UNIT_ROWS * per || k == 0 {
-                // SAFETY: prefetches are hints and never fault; SSE is part of x86-64.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(at as *const i8) };
-            }
-        }
-    }
-}
-
 /// `vpermb` indices interleaving four 16-byte units (one per channel) into 16 rows x 4
 /// channels: byte `4 l + c` takes byte `l` of unit `c`.
-const INTERLEAVE: [u8; 64] = {
+pub(super) const INTERLEAVE: [u8; 64] = {
     let mut t = [0u8; 64];
     let mut i = 0;
     while i < 64 {
@@ -240,7 +89,10 @@ const PICK: [[u8; 64]; 2] = {
 /// The values of rows 0-15 and 16-31 of four channels' units at `p`, as unsigned bytes in
 /// `vpdpbusd` order (lane `4 l + c`: row `l`, channel `c`).
 #[inline(always)]
-unsafe fn gather<const BITS: u32>(p: [*const u8; 4], idx: __m512i) -> (__m512i, __m512i) {
+pub(super) unsafe fn gather<const BITS: u32>(
+    p: [*const u8; 4],
+    idx: __m512i,
+) -> (__m512i, __m512i) {
     // SAFETY: the caller passes four whole units, and for 5 and 6 bits 32 readable bytes at
     // each (the column data ends in slack).
     unsafe {
@@ -287,7 +139,7 @@ unsafe fn gather<const BITS: u32>(p: [*const u8; 4], idx: __m512i) -> (__m512i, 
 /// `vpermt2b` indices taking units `k` (`PAIRS[0]`) and `k + 1` (`PAIRS[1]`) of four channels
 /// out of two vectors, each holding two channels' 32 bytes (units `k` and `k + 1`), into
 /// [`INTERLEAVE`]'s order.
-const PAIRS: [[u8; 64]; 2] = {
+pub(super) const PAIRS: [[u8; 64]; 2] = {
     let mut t = [[0u8; 64]; 2];
     let mut i = 0;
     while i < 64 {
@@ -310,9 +162,10 @@ unsafe fn two(a: *const u8, b: *const u8) -> __m512i {
 }
 
 /// [`gather`] of two units at once for 4-bit values: rows 0-15 and 16-31 of unit `k`, then of
-/// unit `k + 1`.
+/// unit `k + 1`. The high nibbles are not shifted down: rows 16-31 come as 16 times their values
+/// (`v & 0xF0`), one operation less per vector, and their sums are shifted back once per group.
 #[inline(always)]
-unsafe fn gather_pair(p: [*const u8; 4], pairs: [__m512i; 2]) -> [__m512i; 4] {
+pub(super) unsafe fn gather_pair(p: [*const u8; 4], pairs: [__m512i; 2]) -> [__m512i; 4] {
     // SAFETY: the caller passes two whole units at each.
     unsafe {
         let (v01, v23) = (two(p[0], p[1]), two(p[2], p[3]));
@@ -320,149 +173,10 @@ unsafe fn gather_pair(p: [*const u8; 4], pairs: [__m512i; 2]) -> [__m512i; 4] {
         let [u0, u1] = pairs.map(|i| _mm512_permutex2var_epi8(v01, i, v23));
         [
             _mm512_and_si512(u0, low),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(u0), low),
+            _mm512_andnot_si512(low, u0),
             _mm512_and_si512(u1, low),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(u1), low),
+            _mm512_andnot_si512(low, u1),
         ]
-    }
-}
-
-/// Adds (or, `FIRST`, stores) the products of `N` gathers of four channels of one group over
-/// `units` units into `isum` (`real`: the channels among them that are not padding, for the
-/// prefetch cursor, which moves `real` units per unit of rows).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pass<const BITS: u32, const N: usize, const FIRST: bool>(
-    src: [[*const u8; 4]; N],
-    xb: [__m512i; N],
-    real: usize,
-    units: usize,
-    unit: usize,
-    isum: *mut i32,
-    ahead: &mut Ahead,
-    later: Later,
-) {
-    // SAFETY: constant tables of 64 bytes.
-    let (idx, pairs) = unsafe {
-        (
-            _mm512_loadu_si512(INTERLEAVE.as_ptr().cast()),
-            PAIRS.map(|t| _mm512_loadu_si512(t.as_ptr().cast())),
-        )
-    };
-    let mut k0 = 0;
-    // 4-bit values two units at a time: a unit is 16 bytes, so each channel's pair is one
-    // 32-byte load, half the loads and inserts of one unit at a time.
-    while BITS == 4 && k0 + 2 <= units {
-        for k in k0..k0 + 2 {
-            ahead.advance(real * unit);
-            later.unit(k);
-        }
-        // SAFETY: each `src` starts a run of `units` whole units; `isum` holds `32 units`
-        // values.
-        unsafe {
-            let a = isum.add(UNIT_ROWS * k0);
-            let mut acc = match FIRST {
-                true => [_mm512_setzero_si512(); 4],
-                false => [0, 16, 32, 48].map(|i| _mm512_loadu_si512(a.add(i).cast())),
-            };
-            for j in 0..N {
-                let g = gather_pair(src[j].map(|p| p.add(k0 * unit)), pairs);
-                for (acc, g) in acc.iter_mut().zip(g) {
-                    *acc = _mm512_dpbusd_epi32(*acc, g, xb[j]);
-                }
-            }
-            for (i, acc) in [0, 16, 32, 48].into_iter().zip(acc) {
-                _mm512_storeu_si512(a.add(i).cast(), acc);
-            }
-        }
-        k0 += 2;
-    }
-    for k in k0..units {
-        ahead.advance(real * unit);
-        later.unit(k);
-        // SAFETY: each `src` starts a run of `units` whole units; `isum` holds `32 units`
-        // values.
-        unsafe {
-            let a = isum.add(UNIT_ROWS * k);
-            let (mut a0, mut a1) = match FIRST {
-                true => (_mm512_setzero_si512(), _mm512_setzero_si512()),
-                false => (
-                    _mm512_loadu_si512(a.cast()),
-                    _mm512_loadu_si512(a.add(16).cast()),
-                ),
-            };
-            for j in 0..N {
-                let (lo, hi) = gather::<BITS>(src[j].map(|p| p.add(k * unit)), idx);
-                a0 = _mm512_dpbusd_epi32(a0, lo, xb[j]);
-                a1 = _mm512_dpbusd_epi32(a1, hi, xb[j]);
-            }
-            _mm512_storeu_si512(a.cast(), a0);
-            _mm512_storeu_si512(a.add(16).cast(), a1);
-        }
-    }
-}
-
-/// Where each channel's run starts in a pass over a slab's units from some unit on.
-#[derive(Clone, Copy)]
-struct Runs {
-    /// The slab's data, moved on to the pass's first unit.
-    data: *const u8,
-    o: Offsets,
-    planes: usize,
-}
-
-impl Runs {
-    #[inline(always)]
-    fn at(&self, c: usize) -> *const u8 {
-        self.data.wrapping_add(self.o.column(c, self.planes))
-    }
-}
-
-/// [`pass`] over up to 16 channels of one group ([`pass_channels`]; `run.at(c)`: where channel
-/// `c`'s run starts in the pass), with their input bytes from `xq`; channels past a multiple of
-/// four are padded with the first one against an input byte of 0.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn channels_pass<const BITS: u32>(
-    channels: &[u32],
-    first: bool,
-    run: Runs,
-    xq: &[i8],
-    units: usize,
-    unit: usize,
-    isum: *mut i32,
-    ahead: &mut Ahead,
-    later: Later,
-) {
-    let real = channels.len();
-    // Written without closures: a closure has no target features, so the intrinsics (and the
-    // offset arithmetic around them) became calls, 14% of the kernel's time on SmolLM2's down.
-    let mut src = [[run.at(channels[0] as usize); 4]; 4];
-    let mut words = [[0u8; 4]; 4];
-    for (i, &c) in channels.iter().enumerate().take(16) {
-        src[i / 4][i % 4] = run.at(c as usize);
-        words[i / 4][i % 4] = xq[c as usize] as u8;
-    }
-    macro_rules! pass {
-        ($n:literal, $($j:literal),+) => {{
-            let src = [$(src[$j]),+];
-            // SAFETY: register-only AVX-512F; the caller runs with it.
-            let xb = unsafe { [$(_mm512_set1_epi32(i32::from_le_bytes(words[$j]))),+] };
-            // SAFETY: forwarded contract.
-            unsafe {
-                let (u, s) = (unit, isum);
-                match first {
-                    true => pass::<BITS, $n, true>(src, xb, real, units, u, s, ahead, later),
-                    false => pass::<BITS, $n, false>(src, xb, real, units, u, s, ahead, later),
-                }
-            }
-        }};
-    }
-    match channels.len().div_ceil(4) {
-        1 => pass!(1, 0),
-        2 => pass!(2, 0, 1),
-        3 => pass!(3, 0, 1, 2),
-        _ => pass!(4, 0, 1, 2, 3),
     }
 }
 
@@ -995,196 +709,25 @@ impl Ends {
 
 /// Values `i..i + 16` of `s`.
 #[inline(always)]
-unsafe fn ints(s: &[i32], i: usize) -> __m512i {
+pub(super) unsafe fn ints(s: &[i32], i: usize) -> __m512i {
     // SAFETY: the caller passes `i + 16 <= s.len()`.
     unsafe { _mm512_loadu_si512(s.as_ptr().add(i).cast()) }
 }
 
 /// 16 halves at `p` as floats.
 #[inline(always)]
-unsafe fn halves(p: *const u8) -> __m512 {
+pub(super) unsafe fn halves(p: *const u8) -> __m512 {
     // SAFETY: the caller passes 32 readable bytes.
     unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
 }
 
 /// `-v`, the sign bit flipped (as Rust's `-` on each lane).
 #[inline(always)]
-unsafe fn neg(v: __m512) -> __m512 {
+pub(super) unsafe fn neg(v: __m512) -> __m512 {
     // SAFETY: register-only AVX-512F operations.
     unsafe {
         let sign = _mm512_set1_epi32(i32::MIN);
         _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign))
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma")]
-unsafe fn vnni<const BITS: u32>(
-    m: &ColumnBlocks,
-    units: Range<usize>,
-    x: &QuantizedRow,
-    active: &ActiveChannels,
-    out: &mut [f32],
-) {
-    let Some(units) = clamp(m, units, x, out) else {
-        return;
-    };
-    SLAB_SUMS.with_borrow_mut(|sums| {
-        let (isum, rest) = sums.split_at_mut(SLAB_ROWS);
-        let (sumi, summ) = rest.split_at_mut(SLAB_ROWS);
-        // SAFETY: forwarded contract; each array holds a slab's rows.
-        unsafe { slabs::<BITS>(m, units, x, active, out, isum, sumi, summ) }
-    })
-}
-
-thread_local! {
-    /// The integer sums of one slab's rows, per group (`isum`) and per block (the K-quants'
-    /// `sumi`, `summ`), on the heap once per thread: three 32 KiB arrays zeroed on the stack
-    /// per call were 5% of a product at SmolLM2's size.
-    static SLAB_SUMS: std::cell::RefCell<Vec<i32>> = std::cell::RefCell::new(vec![0; 3 * SLAB_ROWS]);
-}
-
-/// [`vnni`] with its sums (`SLAB_ROWS` values each).
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,f16c,fma")]
-unsafe fn slabs<const BITS: u32>(
-    m: &ColumnBlocks,
-    units: Range<usize>,
-    x: &QuantizedRow,
-    active: &ActiveChannels,
-    out: &mut [f32],
-    isum: &mut [i32],
-    sumi: &mut [i32],
-    summ: &mut [i32],
-) {
-    let (kind, f) = (m.kind(), format(m.kind()));
-    let xq: &[i8] = if kind.inputs().k { &x.k.q } else { &x.q };
-    let (per_group, per_block) = (f.group, kind.block_elems());
-    let mut u = units.start;
-    while u < units.end {
-        let s = u / SLAB_UNITS;
-        let end = ((s + 1) * SLAB_UNITS).min(units.end);
-        let (base, o) = m.slab(s);
-        let data = m.data()[base..].as_ptr();
-        let (u0, n) = (u - s * SLAB_UNITS, (end - u) * UNIT_ROWS);
-        let row0 = u0 * UNIT_ROWS;
-        let acc = &mut out[(u - units.start) * UNIT_ROWS..][..n];
-        acc.fill(0.0);
-        let mut ahead = Ahead::new(data, o, f, &active.channels, u0, end - u);
-        for block in runs(&active.channels, per_block) {
-            let b = block[0] as usize / per_block;
-            let heads = [o.head(b, 0) + 2 * row0, o.head(b, 1) + 2 * row0];
-            for (gi, group) in runs(block, per_group).enumerate() {
-                let g = group[0] as usize / per_group;
-                let planes = [o.plane(g, 0) + row0, o.plane(g, 1) + row0];
-                // The planes are read once per group (heads: per block), after its runs: the
-                // group's first pass asks for them as it goes, so they arrive while the runs
-                // stream (as demand misses they would stall the scaling; asked for all at once,
-                // the hints would queue behind each other).
-                let mut later = Later::default();
-                for &p in &planes[..f.planes] {
-                    later.push(data.wrapping_add(p), 1);
-                }
-                if gi == 0 {
-                    for &h in &heads[..f.heads] {
-                        later.push(data.wrapping_add(h), 2);
-                    }
-                }
-                let run = Runs {
-                    data: data.wrapping_add(u0 * f.unit),
-                    o,
-                    planes: f.planes,
-                };
-                for (i, chans) in group.chunks(pass_channels(BITS)).enumerate() {
-                    let later = if i == 0 { later } else { Later::default() };
-                    let s = isum.as_mut_ptr();
-                    // SAFETY: the slab's run of each channel holds `o.pad / 32` units, of which
-                    // `u0..u0 + n / 32` are read; `isum` holds `SLAB_ROWS >= n` values.
-                    unsafe {
-                        channels_pass::<BITS>(
-                            chans,
-                            i == 0,
-                            run,
-                            xq,
-                            n / UNIT_ROWS,
-                            f.unit,
-                            s,
-                            &mut ahead,
-                            later,
-                        )
-                    }
-                }
-                if kind.inputs().k {
-                    // SAFETY: a group's planes hold a byte per row of the slab, rows
-                    // `row0..row0 + n` inside; the arrays hold `n` values.
-                    unsafe {
-                        fold_group(kind, data, planes, x, g, gi == 0, &isum[..n], sumi, summ)
-                    };
-                }
-            }
-            // SAFETY: a block's head planes hold a half per row of the slab, rows
-            // `row0..row0 + n` inside; `acc` and the arrays hold `n` values.
-            unsafe { apply_block(kind, f, data, heads, x, b, isum, sumi, summ, acc) };
-        }
-        u = end;
-    }
-}
-
-/// Scales group `g`'s integer sums into the K-quants' per-block sums (`first`: the block's first
-/// group, stored rather than added): Q4_K/Q5_K `sumi += sc isum`, `summ += m bsum`; Q6_K
-/// `sumi += sc (isum - 32 bsum)`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn fold_group(
-    kind: BlockKind,
-    data: *const u8,
-    planes: [usize; 2],
-    x: &QuantizedRow,
-    g: usize,
-    first: bool,
-    isum: &[i32],
-    sumi: &mut [i32],
-    summ: &mut [i32],
-) {
-    let q6 = kind == BlockKind::Q6K;
-    let bsum = match q6 {
-        true => x.k.bsum[g] as i32,
-        false => x.k.bsum[2 * g] as i32 + x.k.bsum[2 * g + 1] as i32,
-    };
-    // SAFETY: register-only AVX-512F operations; the caller runs with AVX-512F.
-    let (off, bs) = unsafe { (_mm512_set1_epi32(32 * bsum), _mm512_set1_epi32(bsum)) };
-    for i in (0..isum.len()).step_by(16) {
-        // SAFETY: see the caller; `i + 16 <= n` as `n` is a multiple of 32.
-        unsafe {
-            let s = _mm512_loadu_si512(isum.as_ptr().add(i).cast());
-            let sc = _mm_loadu_si128(data.add(planes[0] + i).cast());
-            let (si, mm) = match q6 {
-                true => (
-                    _mm512_mullo_epi32(_mm512_cvtepi8_epi32(sc), _mm512_sub_epi32(s, off)),
-                    _mm512_setzero_si512(),
-                ),
-                false => {
-                    let mn = _mm_loadu_si128(data.add(planes[1] + i).cast());
-                    (
-                        _mm512_mullo_epi32(_mm512_cvtepu8_epi32(sc), s),
-                        _mm512_mullo_epi32(_mm512_cvtepu8_epi32(mn), bs),
-                    )
-                }
-            };
-            let (pi, pm) = (sumi.as_mut_ptr().add(i), summ.as_mut_ptr().add(i));
-            if first {
-                _mm512_storeu_si512(pi.cast(), si);
-                _mm512_storeu_si512(pm.cast(), mm);
-            } else {
-                _mm512_storeu_si512(
-                    pi.cast(),
-                    _mm512_add_epi32(_mm512_loadu_si512(pi.cast()), si),
-                );
-                _mm512_storeu_si512(
-                    pm.cast(),
-                    _mm512_add_epi32(_mm512_loadu_si512(pm.cast()), mm),
-                );
-            }
-        }
     }
 }
 
