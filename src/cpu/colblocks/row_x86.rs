@@ -14,10 +14,9 @@
 //! rows 16-31 of a unit sum 16 times their products (exact: every term is a multiple of 16) and
 //! are shifted back once per group, when the sums finish.
 //!
-//! The kept channels' runs form one stream with jumps between passes. The hardware prefetchers
-//! follow a pass's runs once they are under way; what they cannot guess is where the next pass
-//! starts. So while a pass walks its rows, it asks (into L2) for the first lines of what the
-//! next pass reads: its runs, and the byte or f16 planes its finish reads. The layout starts on a
+//! The kept channels' runs form one stream with jumps between passes, which the hardware
+//! prefetchers do not follow well. So while a pass walks its rows, it asks (into L2) for what
+//! the next pass reads: its runs, and the byte or f16 planes its finish reads. The layout starts on a
 //! cache line, so no 32-byte load of a run straddles two (unaligned, the kernel read 29 GB/s a
 //! core from L3 on Qwen2.5-1.5B's gate instead of 35).
 
@@ -227,41 +226,52 @@ impl Fin {
     }
 }
 
-/// The first lines of what the next pass reads: up to 16 channels' runs and 4 planes, each a
-/// pointer at the pass's first row. The hardware prefetchers follow a run once it is under way;
-/// the first [`LEAD`] lines of each are asked for (into L2) during the pass before, a line of
-/// every stream per step.
+/// What the next pass reads: up to 16 channels' runs and 4 planes, each a pointer at the pass's
+/// first row and its lines there, asked for (into L2) during the pass before, a line of every
+/// stream per step, up to [`LEAD`] lines each. The hardware prefetchers do not follow a pass's
+/// runs well enough: asking for the next pass's first 8 lines only, Qwen2.5-1.5B's down (Q4_K,
+/// 60% kept, 768-byte runs on 1 thread) read 45% of the dense kernel's GB/s from DRAM, asking
+/// for all of its runs 72-81%; its gate on 1 thread (4.4 KiB runs) 58-67% with 24 lines, 70-75%
+/// with 72.
 #[derive(Clone, Copy)]
 struct Next {
-    at: [*const u8; 20],
+    at: [(*const u8, usize); 20],
     len: usize,
-    /// The next line to ask for.
+    /// The next line to ask for, and the most lines of a stream.
     line: usize,
+    lines: usize,
 }
 
-/// Lines of each stream of the next pass asked for ahead: a thread's share of a short matrix
-/// (Qwen2.5-1.5B's down: 768 rows, 384 bytes a run for 4 bits) is all of it.
-const LEAD: usize = 8;
+/// Lines of a stream of the next pass asked for ahead at most (6 KiB: a whole run of the 7B
+/// shape's 11008-row matrices, 4 bits).
+const LEAD: usize = 96;
 
 impl Next {
     const NONE: Next = Next {
-        at: [std::ptr::null(); 20],
+        at: [(std::ptr::null(), 0); 20],
         len: 0,
         line: 0,
+        lines: 0,
     };
 
-    fn push(&mut self, p: *const u8) {
-        self.at[self.len] = p;
+    /// A stream of `bytes` bytes at `p`.
+    fn push(&mut self, p: *const u8, bytes: usize) {
+        let lines = (bytes.div_ceil(64) + 1).min(LEAD);
+        self.at[self.len] = (p, lines);
         self.len += 1;
+        self.lines = self.lines.max(lines);
     }
 
-    /// Asks for one more line of every stream.
+    /// Asks for one more line of every stream that has it.
     #[inline(always)]
     fn ask(&mut self) {
-        if self.line < LEAD {
-            for &p in &self.at[..self.len] {
-                // SAFETY: prefetches are hints and never fault; SSE is part of x86-64.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * self.line).cast()) };
+        if self.line < self.lines {
+            for &(p, lines) in &self.at[..self.len] {
+                if self.line < lines {
+                    let p = p.wrapping_add(64 * self.line);
+                    // SAFETY: prefetches are hints and never fault; SSE is part of x86-64.
+                    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) };
+                }
             }
             self.line += 1;
         }
@@ -507,31 +517,32 @@ unsafe fn slab<const BITS: u32>(
         ]
     };
     let chans = |p: &Pass| &active.channels[p.chans.0 as usize..p.chans.1 as usize];
+    let rows = n * UNIT_ROWS;
     for (i, p) in passes.iter().enumerate() {
         let mut next = Next::NONE;
         if let Some(q) = passes.get(i + 1) {
             for &c in chans(q) {
-                next.push(run.at(c));
+                next.push(run.at(c), n * f.unit);
             }
             let [sc, mn, d0, d1] = planes(q);
             match q.finish {
                 Finish::Store => {}
                 Finish::Fold { last, .. } => {
-                    next.push(sc);
+                    next.push(sc, rows);
                     if f.planes > 1 {
-                        next.push(mn);
+                        next.push(mn, rows);
                     }
                     if last {
-                        next.push(d0);
+                        next.push(d0, 2 * rows);
                         if f.heads > 1 {
-                            next.push(d1);
+                            next.push(d1, 2 * rows);
                         }
                     }
                 }
                 Finish::Apply => {
-                    next.push(d0);
+                    next.push(d0, 2 * rows);
                     if f.heads > 1 {
-                        next.push(d1);
+                        next.push(d1, 2 * rows);
                     }
                 }
             }
