@@ -34,6 +34,7 @@ fn check_quant(
     threads: usize,
     seed: u64,
     layouts: [Layout; 3],
+    masked_rows: bool,
 ) {
     let dt = KINDS[kind];
     let be = dt.block_size();
@@ -63,10 +64,11 @@ fn check_quant(
     let mut want = Vec::new();
     let (mut g, mut u, mut y) = (vec![0f32; n], vec![0f32; n], vec![0f32; h]);
     let pick = |v: &[f32]| wina.then(|| v.to_vec());
-    // A matrix stored as rows reads its whole input: threshold 0 keeps every nonzero entry.
+    // A matrix stored as rows reads its whole input (threshold 0 keeps every nonzero entry),
+    // unless its rows are masked too.
     let t: [f32; 3] = std::array::from_fn(|i| match layouts[i] {
-        Layout::Columns => t[i],
-        Layout::Rows => 0.0,
+        Layout::Rows if !masked_rows => 0.0,
+        _ => t[i],
     });
     for xr in x.chunks(h) {
         let xg = quantized_for(&gl, &mask(xr, pick(&ng).as_deref(), t[0]));
@@ -98,13 +100,14 @@ fn check_quant(
         .unwrap();
         assert_eq!(f.layouts(), layouts);
         f.set_rule(score, th).unwrap();
+        f.mask_rows(masked_rows);
         let mut out = vec![0f32; rows * h];
         f.forward_f32(&x, rows, &mut out).unwrap();
         let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
         assert_eq!(
             got, want,
             "{dt:?} {h}x{n} {rows} rows, {t:?}, wina {wina}, {threads} threads, {tier}, \
-             {layouts:?}"
+             {layouts:?}, masked rows {masked_rows}"
         );
     }
 }
@@ -116,8 +119,10 @@ proptest! {
         hb in 1usize..4, ib in 1usize..5, kind in 0usize..8, rows in 1usize..12,
         tg in 0.0f32..0.8, tu in 0.0f32..0.8, td in 0.0f32..0.05, wina in any::<bool>(),
         threads in 1usize..4, seed in any::<u64>(), rows_mask in 0usize..8,
+        masked_rows in any::<bool>(),
     ) {
-        check_quant(hb, ib, kind, rows, [tg, tu, td], wina, threads, seed, layouts(rows_mask));
+        let l = layouts(rows_mask);
+        check_quant(hb, ib, kind, rows, [tg, tu, td], wina, threads, seed, l, masked_rows);
     }
 
     #[test]
@@ -251,16 +256,39 @@ fn edge_shapes() {
     for (hb, ib) in [(1, 1), (1, 2), (2, 1), (3, 3)] {
         for kind in 0..KINDS.len() {
             for t in [[0.0; 3], [0.5, 0.2, 0.01], [10.0, 10.0, 10.0]] {
-                for m in [0, 0b011, 0b100, 0b111] {
+                for (m, masked) in [(0, false), (0b011, false), (0b100, true), (0b111, false)] {
                     let seed = (hb * 7 + ib) as u64;
-                    check_quant(hb, ib, kind, 2, t, false, 2, seed, layouts(m));
+                    check_quant(hb, ib, kind, 2, t, false, 2, seed, layouts(m), masked);
                 }
             }
         }
     }
     // Packed rows take prompts in tiles of 32 input rows: one row past a tile, and one short.
     for rows in [31, 33] {
-        check_quant(1, 2, 5, rows, [0.4, 0.3, 0.01], false, 3, 5, layouts(0b101));
+        check_quant(
+            1,
+            2,
+            5,
+            rows,
+            [0.4, 0.3, 0.01],
+            false,
+            3,
+            5,
+            layouts(0b101),
+            false,
+        );
+        check_quant(
+            1,
+            2,
+            5,
+            rows,
+            [0.4, 0.3, 0.01],
+            false,
+            3,
+            5,
+            layouts(0b111),
+            true,
+        );
     }
 }
 

@@ -30,8 +30,14 @@ pub(super) enum Columns {
     /// Floats, or Q4_0 / Q4_1 / Q8_0 blocks on tiers without a column-block SIMD kernel.
     Matrix(ColumnMatrix),
     /// The file's blocks as the dense decoder's packed rows ([`Layout::Rows`]), with each
-    /// column's norm (the score of WINA's calibration).
-    Rows { m: PackedRows, norms: Vec<f32> },
+    /// column's norm (the score of WINA's calibration). With `masked` its input is masked like
+    /// a column layout's (for measuring the rule's whole effect on quality): it still reads
+    /// every byte.
+    Rows {
+        m: PackedRows,
+        norms: Vec<f32>,
+        masked: bool,
+    },
 }
 
 /// How one GGUF matrix of an input-sparse layer is stored, and so what its products read.
@@ -106,7 +112,21 @@ impl Columns {
         Ok(Columns::Rows {
             norms: column_norms(kind, cols, data),
             m,
+            masked: false,
         })
+    }
+
+    /// Whether products take the masked input: always by column, as rows only when
+    /// [`Columns::set_masked`] says so.
+    pub(super) fn reads_mask(&self) -> bool {
+        !matches!(self, Columns::Rows { masked: false, .. })
+    }
+
+    /// Rows: whether their input is masked (nothing for the column layouts, always masked).
+    pub(super) fn set_masked(&mut self, on: bool) {
+        if let Columns::Rows { masked, .. } = self {
+            *masked = on;
+        }
     }
 
     /// How the matrix is stored.
@@ -378,10 +398,10 @@ pub(super) struct Input {
 }
 
 /// `x` with the entries whose score is at most `t` zeroed (`weight`: per-entry factor of the
-/// score, `None` for `|x|`) into `out` (as long as `x`); `m`'s whole row if it is stored as
-/// rows.
+/// score, `None` for `|x|`) into `out` (as long as `x`); the whole row if `m` is stored as
+/// rows and not [`Columns::set_masked`].
 fn mask(m: &Columns, x: &[f32], weight: Option<&[f32]>, t: f32, out: &mut [f32]) {
-    if m.layout() == Layout::Rows {
+    if !m.reads_mask() {
         out.copy_from_slice(x);
         return;
     }

@@ -326,6 +326,21 @@ impl InputSparseFfn {
         Ok(())
     }
 
+    /// With `on`, the matrices stored as [`Layout::Rows`] take the masked input too: they still
+    /// read every byte, but compute what the column layout would, so the output is the rule's
+    /// whole effect whatever layouts the planner chose (for measuring quality; off by default).
+    pub fn mask_rows(&mut self, on: bool) {
+        for m in [self.gate.as_mut(), Some(&mut self.down)]
+            .into_iter()
+            .flatten()
+        {
+            m.set_masked(on);
+        }
+        if let Up::Columns(u) = &mut self.up {
+            u.set_masked(on);
+        }
+    }
+
     /// The score in use.
     pub fn score(&self) -> InputScore {
         self.score
@@ -559,8 +574,7 @@ impl InputSparseFfn {
     fn shares_input(&self, t: InputThresholds) -> bool {
         match (&self.gate, &self.up) {
             (Some(g), Up::Columns(u)) if g.same_input(u) => {
-                g.layout() == Layout::Rows
-                    || (self.score == InputScore::Magnitude && t.gate == t.up)
+                !g.reads_mask() || (self.score == InputScore::Magnitude && t.gate == t.up)
             }
             _ => false,
         }

@@ -221,6 +221,16 @@ impl Llama {
         Ok(())
     }
 
+    /// With `on`, every FFN matrix the layout planner stored as rows takes the masked input too
+    /// ([`InputSparseFfn::mask_rows`]): the output is then the rule's whole effect on quality,
+    /// whatever layouts were chosen. Off by default.
+    pub fn mask_rows(&mut self, on: bool) -> Result<()> {
+        for f in self.input_sparse()? {
+            f.mask_rows(on);
+        }
+        Ok(())
+    }
+
     /// Whether the attention projections run on input-sparse columns
     /// (`FfnMode::InputSparse { attention: true, .. }` on a GGUF file).
     pub fn input_sparse_attention(&self) -> bool {
@@ -406,10 +416,12 @@ impl Llama {
     pub fn perplexity(&mut self, tokens: &[u32], chunk: usize) -> Result<f64> {
         let (mut nll, mut n) = (0f64, 0usize);
         self.run_chunks(tokens, chunk, |logits, w| {
-            let lp = candle_nn::ops::log_softmax(logits, D::Minus1)?;
-            let lp: Vec<Vec<f32>> = lp.to_vec2()?;
+            // Row by row: a window's log-softmax whole would be two more copies of its
+            // `[len, vocab]` logits (311 MB each on a 151936-token vocabulary).
             for i in 0..w.len() - 1 {
-                nll -= lp[i][w[i + 1] as usize] as f64;
+                let row = logits.get(i)?.to_dtype(candle_core::DType::F32)?;
+                let lp = candle_nn::ops::log_softmax(&row, D::Minus1)?;
+                nll -= lp.get(w[i + 1] as usize)?.to_scalar::<f32>()? as f64;
                 n += 1;
             }
             Ok(())

@@ -63,7 +63,7 @@ pub use eval::Perplexity;
 pub use fused::KernelFfn;
 pub use generate::{generate, GenerateOptions, Generation};
 pub use gguf::GgufFile;
-pub use input_rule::InputRuleOptions;
+pub use input_rule::{InputRuleOptions, TargetSearch, TargetTrial};
 pub use load::{load_gguf, load_safetensors, FfnMode};
 pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
 pub use pipeline::{analyze, Analysis, AnalyzeOptions, Progress};

@@ -208,6 +208,20 @@ pub fn input_fraction(s: &str) -> Result<f64, String> {
     fraction(s, 0.95)
 }
 
+/// `--input-target`: `auto` (`None`) or a fraction of entries in [0, 0.95].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InputTarget(pub Option<f64>);
+
+impl FromStr for InputTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(InputTarget(None)),
+            f => input_fraction(f).map(|f| InputTarget(Some(f))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,5 +248,10 @@ mod tests {
         assert_eq!(quantile_sparsity("0.5"), Ok(0.5));
         assert!(quantile_sparsity("0.99").is_err());
         assert!(input_fraction("x").is_err());
+        assert_eq!("auto".parse(), Ok(InputTarget(None)));
+        assert_eq!(" 0.28".parse(), Ok(InputTarget(Some(0.28))));
+        for bad in ["", "Auto", "0.96", "-0.1", "NaN"] {
+            assert!(bad.parse::<InputTarget>().is_err(), "{bad}");
+        }
     }
 }

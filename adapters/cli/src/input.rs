@@ -1,4 +1,4 @@
-//! The input-sparse FFN (TEAL / WINA rules) in the CLI: calibration on speeches up to 1999, the
+//! The input-sparse FFN (TEAL / WINA rules) in the CLI: calibration on the calibration mix, the
 //! choice of how a target FFN sparsity is split between gate, up and down, and its evaluation.
 
 use anyhow::Result;
@@ -7,10 +7,11 @@ use powerinfer::{
     format::InputRuleMeta, input_rule::split_target, input_rule::GreedyPath, InputScore,
     InputScores, InputThresholds, WeightTraffic,
 };
-use powerinfer_candle::{FfnMode, InputRuleOptions, Layouts};
+use powerinfer_candle::{FfnMode, InputRuleOptions, Layouts, TargetSearch};
 
 use crate::args::InputRule;
-use crate::common::{corpus_tokens, load, load_sparse, mean_sparsity, spinner, Loaded};
+use crate::common::{load, load_sparse, mean_sparsity, spinner, CalibrationMix, Loaded};
+use crate::rule_cache;
 
 /// Loads `path` for the input rule: the input-sparse FFN with its matrices laid out as
 /// `layouts` says, and with `attention` (GGUF files only) the attention projections on
@@ -33,19 +34,39 @@ pub(crate) fn load_input(
     )
 }
 
-/// The layouts of the default sparse mode: each FFN matrix by column only where that measures
-/// faster than dense rows, at the fractions the artifact's rule drops (or the default rule's).
-/// `POWERINFER_LAYOUTS=columns` puts every matrix by column (to measure the column kernels).
-fn measured_layouts(settings: &crate::common::SparseSettings) -> Result<Layouts> {
-    if std::env::var("POWERINFER_LAYOUTS").as_deref() == Ok("columns") {
-        return Ok(Layouts::Columns);
+/// The fractions of gate's, up's and down's entries the rule will drop, where that is known
+/// before loading: the artifact's rule, `--input-target`'s, or the one `auto` chose earlier for
+/// this file (cached). `None` on `auto`'s first run.
+fn planned_drop(
+    path: &std::path::Path,
+    settings: &crate::common::SparseSettings,
+) -> Result<Option<[f64; 3]>> {
+    if let Some(p) = &settings.artifact {
+        if let Some(r) = powerinfer::Artifact::load(p)?.meta.input_rule {
+            return Ok(Some(r.allocation));
+        }
     }
-    let artifact = match &settings.artifact {
-        Some(p) => powerinfer::Artifact::load(p)?.meta.input_rule,
-        None => None,
-    };
-    let drop = artifact.map_or_else(|| InputRuleOptions::default().fractions(), |r| r.allocation);
-    Ok(Layouts::Measured { drop })
+    if let Some(target) = settings.input_target {
+        let opts = InputRuleOptions {
+            target,
+            ..Default::default()
+        };
+        return Ok(Some(opts.fractions()));
+    }
+    Ok(auto_key(path, settings)?.read().map(|r| r.allocation))
+}
+
+/// The layouts of the default sparse mode: each FFN matrix by column only where that measures
+/// faster than dense rows at the fractions `drop` (else the default rule's) says the rule
+/// drops. `POWERINFER_LAYOUTS=columns` puts every matrix by column (to measure the column
+/// kernels).
+fn measured_layouts(drop: Option<[f64; 3]>) -> Layouts {
+    if std::env::var("POWERINFER_LAYOUTS").as_deref() == Ok("columns") {
+        return Layouts::Columns;
+    }
+    Layouts::Measured {
+        drop: drop.unwrap_or_else(|| InputRuleOptions::default().fractions()),
+    }
 }
 
 /// Step of the greedy allocation (share of a matrix's entries per step).
@@ -131,7 +152,7 @@ pub(crate) struct InputModel {
 impl InputModel {
     /// Loads `path` on the input-sparse FFN (with `up_rows`, up as rows for the CHESS rule;
     /// with `attention`, input-sparse attention projections too) and takes `calibration` tokens
-    /// of speeches up to 1999.
+    /// of the calibration mix ([`CalibrationMix`]: speeches up to 1999, prose, Python source).
     pub fn load(
         path: &std::path::Path,
         threads: usize,
@@ -150,7 +171,7 @@ impl InputModel {
                 layouts: Layouts::Columns,
             },
         )?;
-        let calib = corpus_tokens(&m.tok, 1790..=1999, calibration)?;
+        let calib = CalibrationMix::load(&m.tok, calibration, 0, ctx)?.tokens;
         Ok(InputModel {
             m,
             ctx,
@@ -349,8 +370,9 @@ impl InputRule {
 }
 
 /// The rule `bench` and the demo run on `model`: the artifact's (`--powerinfer`, format version
-/// 2, checked against the model file) or the default calibrated now on `calibration` tokens of
-/// speeches up to 1999.
+/// 2, checked against the model file), or one calibrated on the calibration mix: at
+/// `--input-target`, or (`auto`) at the largest target that holds perplexity on the mix's
+/// held-out part, searched once per model file and then read from the cache.
 pub(crate) fn rule_for(
     m: &mut Loaded,
     model: &std::path::Path,
@@ -366,13 +388,69 @@ pub(crate) fn rule_for(
             path.display()
         );
     }
-    let calib = corpus_tokens(&m.tok, 1790..=1999, settings.calibration_tokens)?;
     let opts = InputRuleOptions {
         attention: settings.attention_sparsity,
         ..Default::default()
     };
-    Ok(m.model.calibrate_input_rule(&calib, 512, &opts)?)
+    let n = settings.calibration_tokens;
+    if let Some(target) = settings.input_target {
+        let mix = CalibrationMix::load(&m.tok, n, 0, CTX)?;
+        let opts = InputRuleOptions { target, ..opts };
+        return Ok(m.model.calibrate_input_rule(&mix.tokens, CTX, &opts)?);
+    }
+    let search = TargetSearch::default();
+    let key = auto_key(model, settings)?;
+    if let Some(rule) = key.read() {
+        eprintln!(
+            "input rule target: {:.0}% (chosen earlier, {})",
+            rule.target * 100.0,
+            key.path().display()
+        );
+        return Ok(rule);
+    }
+    let mix = CalibrationMix::load(&m.tok, n, HELD_TOKENS, CTX)?;
+    let kinds: Vec<&str> = mix.held.iter().map(|(k, _)| *k).collect();
+    let pb = spinner(format!(
+        "choosing the input rule's target: perplexity within +{:.0}% on held-out {} \
+         (once for this model file)",
+        search.max_loss * 100.0,
+        kinds.join(", ")
+    ));
+    let held: Vec<&[u32]> = mix.held.iter().map(|(_, t)| t.as_slice()).collect();
+    let (rule, trials) = m
+        .model
+        .calibrate_input_target(&mix.tokens, &held, CTX, &opts, &search)?;
+    pb.finish_and_clear();
+    for t in &trials {
+        let losses: Vec<String> = kinds
+            .iter()
+            .zip(&t.losses)
+            .map(|(k, l)| format!("{k} {:+.2}%", l * 100.0))
+            .collect();
+        eprintln!("  target {:.0}%: {}", t.target * 100.0, losses.join(", "));
+    }
+    eprintln!("input rule target: {:.0}%", rule.target * 100.0);
+    key.write(&rule, &kinds, &trials);
+    Ok(rule)
 }
+
+/// Where `--input-target auto`'s rule for `model` and these settings is cached.
+fn auto_key(
+    model: &std::path::Path,
+    settings: &crate::common::SparseSettings,
+) -> Result<rule_cache::Key> {
+    let opts = InputRuleOptions {
+        attention: settings.attention_sparsity,
+        ..Default::default()
+    };
+    let n = settings.calibration_tokens;
+    rule_cache::Key::new(model, &opts, &TargetSearch::default(), n, HELD_TOKENS)
+}
+
+/// Calibration windows.
+const CTX: usize = 512;
+/// Held-out tokens of each kind the target search scores.
+const HELD_TOKENS: usize = 512;
 
 /// A sparse model as `demo`, `generate --sparse` and `eval` run it, and what names it.
 pub(crate) struct SparseModel {
@@ -429,23 +507,37 @@ pub(crate) fn load_rule(
     path: &std::path::Path,
     settings: &crate::common::SparseSettings,
 ) -> Result<SparseModel> {
-    let layouts = measured_layouts(settings)?;
+    let planned = planned_drop(path, settings)?;
     let m = load_input(
         path,
         settings.threads,
         settings.attention_sparsity > 0.0,
-        layouts,
+        measured_layouts(planned),
     )?;
-    with_rule(m, path, settings)
+    with_rule(m, path, settings, planned.is_none())
 }
 
-/// `m` (loaded by [`load_input`]) with the rule [`rule_for`] gives.
+/// `m` (loaded by [`load_input`]) with the rule [`rule_for`] gives. With `replan` (the layouts
+/// were planned for the default rule's fractions) and a rule that drops other fractions, the
+/// model is loaded again with its layouts planned for them.
 fn with_rule(
     mut m: Loaded,
     path: &std::path::Path,
     settings: &crate::common::SparseSettings,
+    replan: bool,
 ) -> Result<SparseModel> {
     let rule = rule_for(&mut m, path, settings)?;
+    let layouts = measured_layouts(Some(rule.allocation));
+    if replan && layouts != measured_layouts(None) {
+        eprintln!("planning the FFN's layouts again for the chosen target");
+        drop(m);
+        m = load_input(
+            path,
+            settings.threads,
+            settings.attention_sparsity > 0.0,
+            layouts,
+        )?;
+    }
     m.model.apply_input_rule(&rule)?;
     let label = rule_label(&rule, m.model.input_sparse_attention());
     Ok(SparseModel {
@@ -464,14 +556,14 @@ pub(crate) fn load_default_sparse(
     settings: &crate::common::SparseSettings,
 ) -> Result<SparseModel> {
     if !settings.h_rule {
-        let layouts = measured_layouts(settings)?;
+        let planned = planned_drop(path, settings)?;
         match load_input(
             path,
             settings.threads,
             settings.attention_sparsity > 0.0,
-            layouts,
+            measured_layouts(planned),
         ) {
-            Ok(m) => return with_rule(m, path, settings),
+            Ok(m) => return with_rule(m, path, settings, planned.is_none()),
             Err(e) => eprintln!(
                 "no input-sparse FFN for this file ({e:#}); exact |h| thresholding instead"
             ),

@@ -82,6 +82,10 @@ fn bad_flags_and_files() {
     );
     fails_with(&["bench", "--peer", "vllm"], "[possible values: llama.cpp]");
     fails_with(
+        &["generate", "--input-target", "0.99"],
+        "'0.99' for '--input-target",
+    );
+    fails_with(
         &["eval", "--input-rules", "teal,gatefirst"],
         "[possible values: teal, wina, h, chess]",
     );
@@ -206,6 +210,23 @@ fn eval_and_generate_default_to_the_input_rule() {
     ]);
     assert!(ok, "{err}");
     assert!(err.contains("sparse: ") && err.contains("rule at"), "{err}");
+    // `eval` above searched the target for these settings (or a run before it did): cached.
+    assert!(err.contains("(chosen earlier, "), "{err}");
+    let (ok, _, err) = powerinfer(&[
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "4",
+        "--sparse",
+        "--calibration-tokens",
+        "512",
+        "--input-target",
+        "0.1",
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("teal rule at 10% target"), "{err}");
+    assert!(!err.contains("input rule target"), "{err}");
 }
 
 /// `demo` runs our dense decoder, the default sparse mode and candle's dense model, and measures

