@@ -50,24 +50,33 @@ fn product_bits(
 }
 
 /// A seeded random `rows x cols` matrix of `kind`: the generator (for the inputs), the blocks and
-/// their column layout.
-fn matrix(kind: BlockKind, rows: usize, cols: usize, seed: u64) -> (StdRng, Vec<u8>, ColumnBlocks) {
+/// their column layout in slabs of `slab` rows.
+fn matrix(
+    kind: BlockKind,
+    rows: usize,
+    cols: usize,
+    slab: usize,
+    seed: u64,
+) -> (StdRng, Vec<u8>, ColumnBlocks) {
     let mut rng = StdRng::seed_from_u64(seed);
     let w = random_rows(kind, rows, cols, &mut rng);
-    let m = ColumnBlocks::from_blocks(kind, rows, cols, &w).unwrap();
+    let m = ColumnBlocks::from_blocks_in_slabs(kind, rows, cols, &w, slab).unwrap();
+    assert_eq!(m.slab_rows(), slab);
     (rng, w, m)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn check(
     kind: BlockKind,
     rows: usize,
     cols: usize,
+    slab: usize,
     drop: f64,
     run: usize,
     split: usize,
     seed: u64,
 ) {
-    let (mut rng, w, m) = matrix(kind, rows, cols, seed);
+    let (mut rng, w, m) = matrix(kind, rows, cols, slab, seed);
     let mut xq = QuantizedRow::default();
     xq.quantize_for(&masked(&mut rng, cols, drop, run), kind.inputs());
     let mut a = ActiveChannels::default();
@@ -83,7 +92,8 @@ fn check(
         assert_eq!(
             got,
             want,
-            "{kind} {rows}x{cols}, drop {drop} in runs of {run}, split {split}, {tier}, {} of {} channels",
+            "{kind} {rows}x{cols} in slabs of {slab}, drop {drop} in runs of {run}, split {split}, \
+             {tier}, {} of {} channels",
             a.channels().len(),
             cols
         );
@@ -97,6 +107,7 @@ fn check_rows(
     kind: BlockKind,
     rows: usize,
     cols: usize,
+    slab: usize,
     n: usize,
     per: usize,
     drop: f64,
@@ -104,7 +115,7 @@ fn check_rows(
     split: usize,
     seed: u64,
 ) {
-    let (mut rng, w, m) = matrix(kind, rows, cols, seed);
+    let (mut rng, w, m) = matrix(kind, rows, cols, slab, seed);
     let mut xs = vec![QuantizedRow::default(); n];
     let mut sets = vec![ActiveChannels::default(); n];
     for (x, a) in xs.iter_mut().zip(&mut sets) {
@@ -130,7 +141,8 @@ fn check_rows(
                 assert_eq!(
                     out[at].to_bits(),
                     dot_row(kind, row, x).to_bits(),
-                    "{kind} {rows}x{cols}, row {i} of input {r} of {n}, {per} units a piece, \
+                    "{kind} {rows}x{cols} in slabs of {slab}, row {i} of input {r} of {n}, \
+                     {per} units a piece, \
                      drop {drop} in runs of {run}, split {split}, {tier}"
                 );
             }
@@ -147,6 +159,17 @@ fn kind_and_cols() -> impl Strategy<Value = (BlockKind, usize)> {
     })
 }
 
+/// Slab heights: one unit, a few (a split falls inside or on a slab's edge), and the largest.
+fn slab_rows() -> impl Strategy<Value = usize> {
+    prop::sample::select(vec![
+        UNIT_ROWS,
+        2 * UNIT_ROWS,
+        3 * UNIT_ROWS,
+        12 * UNIT_ROWS,
+        SLAB_ROWS,
+    ])
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
     #[test]
@@ -156,9 +179,10 @@ proptest! {
         drop in prop::sample::select(vec![0.0, 0.3, 0.7, 1.0]),
         run in prop::sample::select(vec![1usize, 3, 4, 8, 32]),
         split in 0usize..5,
+        slab in slab_rows(),
         seed in any::<u64>(),
     ) {
-        check(kind, rows, cols, drop, run, split, seed);
+        check(kind, rows, cols, slab, drop, run, split, seed);
     }
 }
 
@@ -173,9 +197,10 @@ proptest! {
         drop in prop::sample::select(vec![0.0, 0.3, 0.7, 1.0]),
         run in prop::sample::select(vec![1usize, 3, 4, 8, 32]),
         split in 0usize..5,
+        slab in slab_rows(),
         seed in any::<u64>(),
     ) {
-        check_rows(kind, rows, cols, n, per, drop, run, split, seed);
+        check_rows(kind, rows, cols, slab, n, per, drop, run, split, seed);
     }
 }
 
@@ -186,11 +211,21 @@ fn edge_shapes() {
     for kind in BlockKind::ALL {
         for rows in [0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 65] {
             for drop in [0.0, 0.5, 1.0] {
-                check(kind, rows, kind.block_elems(), drop, 1, 1, rows as u64);
+                check(
+                    kind,
+                    rows,
+                    kind.block_elems(),
+                    SLAB_ROWS,
+                    drop,
+                    1,
+                    1,
+                    rows as u64,
+                );
                 check(
                     kind,
                     rows,
                     2 * kind.block_elems(),
+                    UNIT_ROWS,
                     drop,
                     3,
                     0,
@@ -211,8 +246,8 @@ fn rows_past_one_pass() {
         BlockKind::Q8_0,
     ] {
         let rows = SLAB_ROWS + 8;
-        check(kind, rows, 256, 0.5, 2, 70, 11);
-        check_rows(kind, rows, 256, 3, 2, 0.5, 2, 100, 12);
+        check(kind, rows, 256, SLAB_ROWS, 0.5, 2, 70, 11);
+        check_rows(kind, rows, 256, SLAB_ROWS, 3, 2, 0.5, 2, 100, 12);
     }
 }
 
@@ -231,7 +266,20 @@ fn batched_edge_shapes() {
             (1057, 40),
             (300, 65),
         ] {
-            check_rows(kind, rows, kind.block_elems(), n, 2, 0.5, 1, 1, rows as u64);
+            for slab in [UNIT_ROWS, 3 * UNIT_ROWS, SLAB_ROWS] {
+                check_rows(
+                    kind,
+                    rows,
+                    kind.block_elems(),
+                    slab,
+                    n,
+                    2,
+                    0.5,
+                    1,
+                    1,
+                    rows as u64,
+                );
+            }
         }
     }
 }
@@ -273,6 +321,38 @@ fn bytes_read_counts_columns_planes_and_heads() {
         };
         let want = pad / UNIT_ROWS * unit + planes * pad + 2 * heads * pad;
         assert_eq!(m.bytes_read(&a), want, "{kind}");
+    }
+}
+
+/// Each thread's share of a dispatch is one slab (the pool splits chunks statically, the first
+/// threads one more), and a share that holds a whole matrix keeps the largest slab.
+#[test]
+fn thread_slabs_follow_the_pools_shares() {
+    // Qwen2.5-1.5B's down (1536 rows) by chunks of 64 on 2 threads: 12 chunks each.
+    assert_eq!(ColumnBlocks::thread_slab_rows(1536, 1, 2, 64), 768);
+    // 7 chunks on 2 threads: 4 and 3, so slabs of 4 chunks.
+    assert_eq!(ColumnBlocks::thread_slab_rows(7 * 64, 1, 2, 64), 256);
+    // Gate and up in one dispatch on 2 threads: one matrix each.
+    assert_eq!(ColumnBlocks::thread_slab_rows(8960, 2, 2, 64), SLAB_ROWS);
+    assert_eq!(ColumnBlocks::thread_slab_rows(8960, 1, 1, 64), SLAB_ROWS);
+    // A share that is not a whole unit rounds up; a huge one is capped.
+    assert_eq!(ColumnBlocks::thread_slab_rows(100, 1, 4, 8), 32);
+    assert_eq!(
+        ColumnBlocks::thread_slab_rows(8 * SLAB_ROWS, 1, 2, 64),
+        SLAB_ROWS
+    );
+    // No threads or chunk of zero are read as one.
+    assert_eq!(ColumnBlocks::thread_slab_rows(64, 1, 0, 0), SLAB_ROWS);
+}
+
+#[test]
+fn bad_slab_rows_are_typed_errors() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let w = random_rows(BlockKind::Q4K, 64, 256, &mut rng);
+    for slab in [0, 1, UNIT_ROWS + 1, SLAB_ROWS + UNIT_ROWS] {
+        let e = ColumnBlocks::from_blocks_in_slabs(BlockKind::Q4K, 64, 256, &w, slab).unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::Shape { .. }), "{slab}: {e}");
+        assert!(e.to_string().contains("slab"), "{slab}: {e}");
     }
 }
 

@@ -19,9 +19,15 @@ use candle_core::quantized::QTensor;
 
 use crate::cpu::{
     dequantize_blocks, gemm, ActiveChannels, ActiveColumns, BlockKind, ColumnBlocks, ColumnMatrix,
-    Kernels, PackedRows, Pool, QuantizedRow, CHUNK, PACK,
+    Kernels, PackedRows, Pool, QuantizedRow, CHUNK, PACK, SLAB_ROWS,
 };
 use crate::error::{Error, Result};
+
+/// Slab rows for a block-column matrix of `rows` rows dispatched with `copies - 1` others of its
+/// shape on `threads` threads by chunks of [`CHUNK`] rows: one slab per thread's share.
+pub(super) fn slab_rows(rows: usize, copies: usize, threads: usize) -> usize {
+    ColumnBlocks::thread_slab_rows(rows, copies, threads, CHUNK)
+}
 
 /// A matrix `[rows, cols]` (`y = W x`, `x` of `cols` values) stored by input column.
 pub(super) enum Columns {
@@ -80,10 +86,11 @@ impl Columns {
         cols: usize,
         k: &Kernels,
     ) -> Result<Self> {
-        Self::from_qtensor_as(t, name, rows, cols, k, Layout::Columns)
+        Self::from_qtensor_as(t, name, rows, cols, k, Layout::Columns, SLAB_ROWS)
     }
 
-    /// [`Columns::from_qtensor`] in `layout`.
+    /// [`Columns::from_qtensor`] in `layout`, block columns in slabs of `slab_rows` rows
+    /// ([`ColumnBlocks::thread_slab_rows`]).
     pub(super) fn from_qtensor_as(
         t: &QTensor,
         name: &str,
@@ -91,10 +98,11 @@ impl Columns {
         cols: usize,
         k: &Kernels,
         layout: Layout,
+        slab_rows: usize,
     ) -> Result<Self> {
         let (kind, data) = blocks(t, name, rows, cols)?;
         match layout {
-            Layout::Columns => Self::from_blocks(kind, rows, cols, &data, name, k),
+            Layout::Columns => Self::from_blocks(kind, rows, cols, &data, name, k, slab_rows),
             Layout::Rows => Self::rows_from_blocks(kind, rows, cols, &data, name),
         }
     }
@@ -138,7 +146,7 @@ impl Columns {
     }
 
     /// `rows` rows of `cols` weights in GGUF's row-major block layout, laid out by column for
-    /// `k`'s tier (errors name the matrix `name`).
+    /// `k`'s tier (errors name the matrix `name`), block columns in slabs of `slab_rows` rows.
     pub(super) fn from_blocks(
         kind: BlockKind,
         rows: usize,
@@ -146,6 +154,7 @@ impl Columns {
         data: &[u8],
         name: &str,
         k: &Kernels,
+        slab_rows: usize,
     ) -> Result<Self> {
         let named = |e: Error| Error::config(name, e.to_string());
         match kind.quant_kind() {
@@ -167,7 +176,8 @@ impl Columns {
                 )
             });
         }
-        let m = ColumnBlocks::from_blocks(kind, rows, cols, data).map_err(named)?;
+        let m =
+            ColumnBlocks::from_blocks_in_slabs(kind, rows, cols, data, slab_rows).map_err(named)?;
         Ok(Columns::Blocks {
             norms: column_norms(kind, cols, data),
             m,

@@ -92,6 +92,7 @@ impl InputSparseLinear {
             &data,
             "InputSparseLinear weight",
             &kernels,
+            super::columns::slab_rows(rows, 1, threads),
         )?;
         let bias = match bias {
             Some(b) if b.dims() != [rows] => {

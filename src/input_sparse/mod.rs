@@ -237,18 +237,15 @@ impl InputSparseFfn {
         let (h, n) = (spec.hidden, spec.intermediate);
         let k = kernels(threads, tier)?;
         let [lg, lu, ld] = layouts;
+        // Gate and up run in one dispatch (up alone without a gate), down alone.
+        let su = columns::slab_rows(n, 1 + usize::from(gate.is_some()), threads);
+        let sd = columns::slab_rows(h, 1, threads);
         let gate = gate
-            .map(|g| Columns::from_qtensor_as(g, "gate_proj.weight", n, h, &k, lg))
+            .map(|g| Columns::from_qtensor_as(g, "gate_proj.weight", n, h, &k, lg, su))
             .transpose()?;
-        let up = Up::Columns(Columns::from_qtensor_as(
-            up,
-            "up_proj.weight",
-            n,
-            h,
-            &k,
-            lu,
-        )?);
-        let down = Columns::from_qtensor_as(down, "down_proj.weight", h, n, &k, ld)?;
+        let up = Columns::from_qtensor_as(up, "up_proj.weight", n, h, &k, lu, su)?;
+        let up = Up::Columns(up);
+        let down = Columns::from_qtensor_as(down, "down_proj.weight", h, n, &k, ld, sd)?;
         Self::build(spec, gate, up, down, threads, k)
     }
 

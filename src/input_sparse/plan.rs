@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use candle_core::quantized::QTensor;
 
-use super::columns::{blocks, Columns, Input, Layout};
+use super::columns::{self, blocks, Columns, Input, Layout};
 use crate::cpu::{BlockKind, Kernels, Pool, SimdLevel, CHUNK};
 use crate::error::{Error, Result};
 
@@ -234,8 +234,9 @@ impl LayoutPlanner {
             d.rows_ms = self.median(&flush, &dense, &whole);
             return Ok(d);
         }
+        let slab = columns::slab_rows(rows, copies, self.pool.threads());
         let sparse = (0..copies)
-            .map(|_| Columns::from_blocks(kind, rows, cols, data, name, &self.kernels))
+            .map(|_| Columns::from_blocks(kind, rows, cols, data, name, &self.kernels, slab))
             .collect::<Result<Vec<_>>>()?;
         let mut kept = Input::default();
         kept.mask(&x, None, 0.0, &sparse[0]);

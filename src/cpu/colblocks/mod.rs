@@ -124,6 +124,8 @@ pub struct ColumnBlocks {
     cols: usize,
     /// `rows` rounded up to a multiple of [`UNIT_ROWS`].
     pad: usize,
+    /// Rows per slab (a multiple of [`UNIT_ROWS`], at most [`SLAB_ROWS`]).
+    slab_rows: usize,
     /// The slabs, one after another, from `data[start]`: the first byte on a cache line, so
     /// the kernels' 32-byte loads of a run never straddle two lines (every run starts on a
     /// multiple of 16 bytes from it).
@@ -230,6 +232,27 @@ impl ColumnBlocks {
     /// `rows * kind.row_bytes(cols)` bytes; `cols` a positive multiple of the block size). A
     /// non-finite scale or minimum is a typed error naming its row.
     pub fn from_blocks(kind: BlockKind, rows: usize, cols: usize, src: &[u8]) -> Result<Self> {
+        Self::from_blocks_in_slabs(kind, rows, cols, src, SLAB_ROWS)
+    }
+
+    /// [`ColumnBlocks::from_blocks`] in slabs of `slab_rows` rows (a positive multiple of
+    /// [`UNIT_ROWS`], at most [`SLAB_ROWS`]): with one slab per thread's share of the rows
+    /// ([`ColumnBlocks::thread_slab_rows`]), each thread reads its kept channels as one forward
+    /// stream of its own instead of every thread a piece of each channel's run.
+    pub fn from_blocks_in_slabs(
+        kind: BlockKind,
+        rows: usize,
+        cols: usize,
+        src: &[u8],
+        slab_rows: usize,
+    ) -> Result<Self> {
+        if slab_rows == 0 || !slab_rows.is_multiple_of(UNIT_ROWS) || slab_rows > SLAB_ROWS {
+            return Err(Error::shape(
+                "column blocks slab rows (a positive multiple of 32, at most SLAB_ROWS)",
+                &[None],
+                &[slab_rows],
+            ));
+        }
         if cols == 0 || !cols.is_multiple_of(kind.block_elems()) {
             return Err(Error::shape(
                 "column blocks columns (a positive multiple of the block size)",
@@ -261,6 +284,7 @@ impl ColumnBlocks {
             rows,
             cols,
             pad,
+            slab_rows,
             data: Vec::new(),
             start: 0,
         };
@@ -281,12 +305,12 @@ impl ColumnBlocks {
         let mut runs = Vec::with_capacity(cols);
         for (t, tile) in src.chunks(UNIT_ROWS * rb).enumerate() {
             let r0 = t * UNIT_ROWS;
-            let (base, o) = m.slab(r0 / SLAB_ROWS);
-            if r0.is_multiple_of(SLAB_ROWS) {
+            let (base, o) = m.slab(r0 / slab_rows);
+            if r0.is_multiple_of(slab_rows) {
                 runs.clear();
                 runs.extend((0..cols).map(|c| o.column(c, f.planes)));
             }
-            let (r0, data) = (r0 % SLAB_ROWS, &mut m.data_mut()[base..]);
+            let (r0, data) = (r0 % slab_rows, &mut m.data_mut()[base..]);
             let at = r0 / UNIT_ROWS * f.unit;
             let n = tile.len() / rb;
             for b in 0..cols / elems {
@@ -320,15 +344,39 @@ impl ColumnBlocks {
         Ok(m)
     }
 
-    /// Slabs of [`SLAB_ROWS`] rows (the last one shorter).
+    /// Slab rows that give each of `threads` threads a slab of its own when a dispatch splits
+    /// `copies` matrices of `rows` rows among them by chunks of `chunk` rows, one matrix after
+    /// the other (as [`crate::cpu::Pool::run_chunks`] does): a thread's share of chunks, or
+    /// [`SLAB_ROWS`] when a share holds a whole matrix.
+    pub fn thread_slab_rows(rows: usize, copies: usize, threads: usize, chunk: usize) -> usize {
+        let chunks = rows.div_ceil(chunk.max(1)) * copies.max(1);
+        let share = chunks.div_ceil(threads.max(1)) * chunk.max(1);
+        if share >= rows {
+            return SLAB_ROWS;
+        }
+        share.div_ceil(UNIT_ROWS).clamp(1, SLAB_ROWS / UNIT_ROWS) * UNIT_ROWS
+    }
+
+    /// Rows per slab.
+    pub fn slab_rows(&self) -> usize {
+        self.slab_rows
+    }
+
+    /// Units per slab.
+    pub(crate) fn slab_units(&self) -> usize {
+        self.slab_rows / UNIT_ROWS
+    }
+
+    /// Slabs of [`ColumnBlocks::slab_rows`] rows (the last one shorter).
     pub(crate) fn slabs(&self) -> usize {
-        self.pad.div_ceil(SLAB_ROWS)
+        self.pad.div_ceil(self.slab_rows)
     }
 
     /// Where slab `s` starts in the data, and its offsets.
     pub(crate) fn slab(&self, s: usize) -> (usize, Offsets) {
-        let full = Offsets::new(self.kind, SLAB_ROWS).block * self.blocks();
-        let rows = self.pad.saturating_sub(s * SLAB_ROWS).min(SLAB_ROWS);
+        let sr = self.slab_rows;
+        let full = Offsets::new(self.kind, sr).block * self.blocks();
+        let rows = self.pad.saturating_sub(s * sr).min(sr);
         (s * full, Offsets::new(self.kind, rows))
     }
 
@@ -566,8 +614,8 @@ pub(crate) fn product_scalar(
     let xq: &[i8] = if k { &x.k.q } else { &x.q };
     let (qpg, qpb) = (f.group, kind.block_elems());
     for (u, acc) in units.clone().zip(out.chunks_exact_mut(UNIT_ROWS)) {
-        let (base, o) = m.slab(u * UNIT_ROWS / SLAB_ROWS);
-        let (data, r0) = (&m.data()[base..], u * UNIT_ROWS % SLAB_ROWS);
+        let (base, o) = m.slab(u / m.slab_units());
+        let (data, r0) = (&m.data()[base..], u % m.slab_units() * UNIT_ROWS);
         let at = r0 / UNIT_ROWS * f.unit;
         acc.fill(0.0);
         for block in runs(&active.channels, qpb) {

@@ -29,9 +29,6 @@ use super::{SLAB_ROWS, UNIT_ROWS};
 use crate::cpu::blocks::BlockKind;
 use crate::cpu::quant::QuantizedRow;
 
-/// Units per slab.
-const SLAB_UNITS: usize = SLAB_ROWS / UNIT_ROWS;
-
 /// Channels per pass at most: they share one load and store of the group's sums per unit of
 /// rows, and they are the runs streamed at once. Measured from DRAM on Qwen2.5-1.5B's gate (Q4_K,
 /// 2 threads, one matrix each, 80% kept; time against the dense kernel's) and down (60% kept):
@@ -454,24 +451,13 @@ unsafe fn vnni<const BITS: u32>(
         let (sumi, summ) = rest.split_at_mut(SLAB_ROWS);
         let mut u = units.start;
         while u < units.end {
-            let s = u / SLAB_UNITS;
-            let end = ((s + 1) * SLAB_UNITS).min(units.end);
+            let (su, s) = (m.slab_units(), u / m.slab_units());
+            let end = ((s + 1) * su).min(units.end);
             let acc = &mut out[(u - units.start) * UNIT_ROWS..][..(end - u) * UNIT_ROWS];
             acc.fill(0.0);
             let sums = [isum.as_mut_ptr(), sumi.as_mut_ptr(), summ.as_mut_ptr()];
             // SAFETY: forwarded contract; the sums hold a slab's rows, `acc` the units'.
-            unsafe {
-                slab::<BITS>(
-                    m,
-                    s,
-                    u - s * SLAB_UNITS..end - s * SLAB_UNITS,
-                    x,
-                    active,
-                    passes,
-                    sums,
-                    acc,
-                )
-            };
+            unsafe { slab::<BITS>(m, s, u - s * su..end - s * su, x, active, passes, sums, acc) };
             u = end;
         }
     })

@@ -14,13 +14,10 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::Offsets;
+use super::UNIT_ROWS;
 use super::{clamp_rows, format, piece_at, runs, ActiveChannels, ColumnBlocks, Format};
-use super::{SLAB_ROWS, UNIT_ROWS};
 use crate::cpu::blocks::BlockKind;
 use crate::cpu::quant::QuantizedRow;
-
-/// Units per slab: a tile stays in one.
-const SLAB_UNITS: usize = SLAB_ROWS / UNIT_ROWS;
 
 /// Whether this CPU has what the kernel needs besides AVX-512 VNNI: VBMI (`vpermb`), BITALG
 /// (`vpshufbitqmb`), F16C and FMA.
@@ -310,8 +307,8 @@ pub(crate) unsafe fn product_rows_vnni(
         let mut slab = usize::MAX;
         let mut u = units.start;
         while u < units.end {
-            let s = u / SLAB_UNITS;
-            let end = (u + TILE_UNITS).min((s + 1) * SLAB_UNITS).min(units.end);
+            let (su, s) = (m.slab_units(), u / m.slab_units());
+            let end = (u + TILE_UNITS).min((s + 1) * su).min(units.end);
             let (base, o) = m.slab(s);
             if s != slab {
                 slab = s;
@@ -323,7 +320,7 @@ pub(crate) unsafe fn product_rows_vnni(
                     plan,
                     data: m.data()[base..].as_ptr(),
                     o,
-                    units: u - s * SLAB_UNITS..end - s * SLAB_UNITS,
+                    units: u - s * su..end - s * su,
                     xs,
                     rows: r0..(r0 + ROW_CHUNK).min(xs.len()),
                     at: u - units.start,
