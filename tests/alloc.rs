@@ -1,4 +1,5 @@
-//! The decode path allocates nothing, and a loaded block holds its weights once.
+//! The decode path allocates nothing, a loaded block holds its weights once, and the
+//! input-sparse layers' prompt buffers are one set per thread, not one per layer.
 //!
 //! One test in this binary on purpose: the counting allocator is process-wide.
 
@@ -7,11 +8,12 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use common::*;
 use powerinfer::{
-    tier::LayerPlacement, Activation, FfnSpec, GateFirst, HybridFfn, HybridOptions, LowRank,
-    WeightDType,
+    tier::LayerPlacement, Activation, FfnSpec, GateFirst, HybridFfn, HybridOptions, InputSparseFfn,
+    LowRank, WeightDType,
 };
 
 struct Counting;
@@ -109,4 +111,33 @@ fn no_allocation_per_token_and_weights_held_once() {
     }
     let n = ALLOCS.load(Ordering::SeqCst) - before;
     assert_eq!(n, 0, "{n} heap allocations in 100 batch calls (LowRank)");
+
+    // Two input-sparse layers (every matrix by column): a 64-row prompt through the first
+    // grows the batched path's buffers (64 rows x 1536 neurons, several of them); through
+    // the second it finds them grown and holds almost nothing more.
+    let spec = FfnSpec::gated(hidden, inter, Activation::Silu).unwrap();
+    let q = |t: &Tensor| QTensor::quantize(t, GgmlDType::Q4K).unwrap();
+    let layer = |seed| {
+        let w = Weights::random(&spec, seed);
+        let (g, u, d) = (q(w.gate.as_ref().unwrap()), q(&w.up), q(&w.down));
+        InputSparseFfn::from_qtensors(spec, Some(&g), &u, &d, 2, None).unwrap()
+    };
+    let (a, b) = (layer(1), layer(2));
+    let rows = 64;
+    let x64: Vec<f32> = x.iter().cycle().take(rows * hidden).copied().collect();
+    let mut out64 = vec![0f32; rows * hidden];
+    let live = LIVE.load(Ordering::SeqCst);
+    a.forward_f32(&x64, rows, &mut out64).unwrap();
+    let first = LIVE.load(Ordering::SeqCst) - live;
+    assert!(
+        first >= (3 * rows * inter * 4) as isize,
+        "the first layer's prompt grew {first} bytes: is the batched path measured?"
+    );
+    let live = LIVE.load(Ordering::SeqCst);
+    b.forward_f32(&x64, rows, &mut out64).unwrap();
+    let second = LIVE.load(Ordering::SeqCst) - live;
+    assert!(
+        second * 10 < first,
+        "the second layer's prompt held {second} bytes more, the first's {first}"
+    );
 }

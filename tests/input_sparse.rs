@@ -468,8 +468,8 @@ fn var_builder_load_is_from_weights() {
 
 /// The layout planner: a decision per (matrix, block type, shape), reused for the next layer
 /// with the same key; the layout follows the measured times (columns only below `MARGIN` of the
-/// rows' time); nothing dropped means rows without timing columns; a fraction outside [0, 1)
-/// is a typed error.
+/// rows' time); nothing dropped, or too little for the bytes skipped to pay, means rows without
+/// timing columns; a fraction outside [0, 1) is a typed error.
 #[test]
 fn layout_planner_decides_once_per_key_from_its_measurements() {
     use powerinfer::layout::{FfnMatrix, LayoutPlanner, MARGIN};
@@ -512,4 +512,19 @@ fn layout_planner_decides_once_per_key_from_its_measurements() {
         assert!(e.contains("expected input sparsity"), "{e}");
     }
     assert!(LayoutPlanner::new([0.0; 3], 0, None).is_err());
+
+    // 5% dropped: the columns would read over `MARGIN` of the rows' bytes, so no timing can
+    // make them pay; they are not timed, and the decision says why.
+    let p = LayoutPlanner::new([0.05; 3], 2, None).unwrap();
+    assert_eq!(
+        p.layout(FfnMatrix::Gate, &g, 512, 256).unwrap(),
+        Layout::Rows
+    );
+    let d = &p.decisions()[0];
+    assert!(d.rows_ms > 0.0 && d.columns_ms == 0.0, "{d}");
+    assert!(
+        d.columns_bytes as f64 >= MARGIN * d.rows_bytes as f64,
+        "{d}"
+    );
+    assert!(d.to_string().contains("not timed"), "{d}");
 }

@@ -73,6 +73,39 @@ fn prefetch_with<const HINT: i32, T>(s: &[T]) {
     }
 }
 
+/// Writes back and drops every cache line of `s` from every cache level (`clflush`), so the
+/// next read of `s` comes from DRAM; `false` where the target has no such instruction (the
+/// caller must then evict by other means). For timing a product as decoding meets it without
+/// reading a buffer the size of the last-level cache.
+pub(crate) fn evict<T>(s: &[T]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = s.as_ptr().cast::<u8>();
+        let bytes = std::mem::size_of_val(s);
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: `p + off` lies inside `s`, which is live and readable for the call;
+            // `clflush` only writes the line back and invalidates it, it changes no value.
+            // SSE2 is part of the x86-64 baseline.
+            unsafe { std::arch::x86_64::_mm_clflush(p.add(off)) };
+            off += 64;
+        }
+        // SAFETY: a fence has no memory-safety preconditions (SSE2 baseline).
+        unsafe { std::arch::x86_64::_mm_mfence() };
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = s;
+        false
+    }
+}
+
+/// [`evict`] on share `t` of `n` of `s` ([`share`]), for `n` threads to flush `s` together.
+pub(crate) fn evict_share<T>(s: &[T], t: usize, n: usize) -> bool {
+    evict(&s[share(s.len(), t, n)])
+}
+
 /// How many neurons ahead the row loops prefetch.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
 pub use heap::release_freed_memory;

@@ -205,6 +205,16 @@ impl Columns {
         self.rows().div_ceil(CHUNK)
     }
 
+    /// Drops share `t` of `n` of the matrix's bytes from every cache ([`crate::cpu::evict`]);
+    /// `false` where the target cannot.
+    pub(super) fn evict_share(&self, t: usize, n: usize) -> bool {
+        match self {
+            Columns::Blocks { m, .. } => crate::cpu::evict_share(m.data(), t, n),
+            Columns::Rows { m, .. } => crate::cpu::evict_share(m.data(), t, n),
+            Columns::Matrix(m) => m.evict_share(t, n),
+        }
+    }
+
     /// Bytes held.
     pub(super) fn bytes(&self) -> usize {
         match self {

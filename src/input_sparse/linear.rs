@@ -6,6 +6,7 @@
 //! the result is `QLinear`'s, bit for bit (the same quantized input, the same block sums in the
 //! same order).
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -23,10 +24,21 @@ use crate::tensor_io::{check_f32_rows_io, forward_tensor};
 #[derive(Debug, Default)]
 struct Scratch {
     input: Input,
-    /// A prompt's rows at once.
-    inputs: Inputs,
     y: Vec<f32>,
     traffic: WeightTraffic,
+}
+
+/// A prompt's rows at once: buffers of `rows x` the layer's width, one set per calling thread
+/// shared by every projection (held per projection they added up to hundreds of MB at a
+/// 512-row window).
+#[derive(Debug, Default)]
+struct Batch {
+    inputs: Inputs,
+    y: Vec<f32>,
+}
+
+thread_local! {
+    static BATCH: RefCell<Batch> = RefCell::default();
 }
 
 /// A linear layer on GGUF blocks whose small inputs are skipped (see the module docs).
@@ -219,10 +231,23 @@ impl InputSparseLinear {
     /// of rows over the union of their kept channels; each row's result is its own, bit for
     /// bit.
     fn rows_batched(&self, s: &mut Scratch, x: &[f32], rows: usize, out: &mut [f32]) {
+        BATCH.with(|b| match b.try_borrow_mut() {
+            Ok(mut b) => self.rows_batched_in(&mut b, &mut s.traffic, x, rows, out),
+            // Only a call from inside another one on this thread (none today) finds it taken.
+            Err(_) => self.rows_batched_in(&mut Batch::default(), &mut s.traffic, x, rows, out),
+        })
+    }
+
+    fn rows_batched_in(
+        &self,
+        b: &mut Batch,
+        traffic: &mut WeightTraffic,
+        x: &[f32],
+        rows: usize,
+        out: &mut [f32],
+    ) {
         let o = self.w.rows();
-        let Scratch {
-            inputs, y, traffic, ..
-        } = s;
+        let Batch { inputs, y } = b;
         inputs.mask(x, None, self.threshold, &self.w, &self.pool);
         let chunks = self.w.chunks();
         y.resize(chunks * rows * CHUNK, 0.0);

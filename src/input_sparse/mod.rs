@@ -61,8 +61,6 @@ struct Scratch {
     h: Vec<f32>,
     y: Vec<f32>,
     traffic: WeightTraffic,
-    /// A prompt's rows at once.
-    batch: batch::Batch,
 }
 
 /// How [`InputSparseFfn::load`] builds the FFN: threads, SIMD level and the rule it starts with.

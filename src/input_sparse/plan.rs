@@ -8,10 +8,10 @@
 //! block type, shape) of a model it builds both layouts of the first such matrix and times each
 //! product on the layer's thread count from DRAM, as the layer dispatches it (gate and up in one
 //! dispatch, so two matrices of the shape, each thread a share of their chunks; down alone).
-//! Every timed call follows a pass over a buffer twice the last-level cache, run on the same
-//! threads so the pool is awake. The columns are kept only if the median of their times is below
+//! Every timed call follows a flush of the timed matrices' cache lines. The columns are kept only if the median of their times is below
 //! [`MARGIN`] of the rows' twice: over the first [`REPEATS`] pairs, and over all of twice as
-//! many. Later layers with the same key reuse the decision, so a model is measured once per key
+//! many; and they are not even timed where they read [`MARGIN`] of the rows' bytes or more,
+//! which no column product beats by the margin (it reads no faster than the rows). Later layers with the same key reuse the decision, so a model is measured once per key
 //! (3-6 keys for the files we run, 50-100 ms each).
 
 use std::sync::Mutex;
@@ -117,6 +117,16 @@ impl std::fmt::Display for LayoutDecision {
             self.rows_ms,
             gbs(self.rows_bytes, self.rows_ms),
         )?;
+        if self.columns_ms == 0.0 && self.columns_bytes != self.rows_bytes {
+            write!(
+                f,
+                ", columns at {:.0}% kept read {:.0}% of the rows' bytes (not timed: under \
+                 {:.0}% could pay)",
+                self.kept * 100.0,
+                100.0 * self.columns_bytes as f64 / self.rows_bytes.max(1) as f64,
+                100.0 * MARGIN,
+            )?;
+        }
         if self.columns_ms > 0.0 {
             write!(
                 f,
@@ -229,7 +239,7 @@ impl LayoutPlanner {
             columns_bytes: dense[0].dense_bytes(),
             layout: Layout::Rows,
         };
-        let flush = Flush::new();
+        let flush = Flush::default();
         if drop == 0.0 {
             d.rows_ms = self.median(&flush, &dense, &whole);
             return Ok(d);
@@ -241,6 +251,10 @@ impl LayoutPlanner {
         let mut kept = Input::default();
         kept.mask(&x, None, 0.0, &sparse[0]);
         d.columns_bytes = sparse[0].bytes_read(&kept);
+        if !bytes_can_pay(d.columns_bytes, d.rows_bytes) {
+            d.rows_ms = self.median(&flush, &dense, &whole);
+            return Ok(d);
+        }
         // Interleaved, so a drift in the machine's load moves both alike. The columns must win
         // twice: on the first REPEATS pairs, and on all of them after REPEATS more (on a shared
         // machine one stretch of 9 can be an outlier; Gemma 3's down, 1 MB, once measured its rows
@@ -271,7 +285,7 @@ impl LayoutPlanner {
     fn timed(&self, flush: &Flush, ms: &[Columns], x: &Input) -> f64 {
         let per = ms.first().map_or(0, Columns::chunks);
         let mut out = vec![0f32; ms.len() * per * CHUNK];
-        flush.run(&self.pool);
+        flush.run(&self.pool, ms);
         let t = Instant::now();
         self.pool
             .run_chunks(&mut out, ms.len() * per, CHUNK, &|r, part| {
@@ -294,6 +308,16 @@ impl LayoutPlanner {
         std::hint::black_box(&out);
         ms_total / ms.len().max(1) as f64
     }
+}
+
+/// Whether a column product that reads `columns` bytes can take less than [`MARGIN`] of the
+/// time of rows that read `rows`: only if it reads less than that share of their bytes. A column
+/// product reads its kept bytes no faster than the dense kernel reads the rows (46-99% of its
+/// GB/s in every cell measured), so a timing that says otherwise is the machine's noise:
+/// Qwen2.5-1.5B's gate at 89% kept (0.9 of the rows' bytes) once timed at 0.82x its rows while
+/// another job ran, and decoded 0.95x as fast as dense by column.
+pub(crate) fn bytes_can_pay(columns: usize, rows: usize) -> bool {
+    (columns as f64) < MARGIN * rows as f64
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -323,21 +347,35 @@ fn input(cols: usize, drop: f64) -> Vec<f32> {
         .collect()
 }
 
-/// A buffer twice the last-level cache, read by the pool's threads before each timed product so
-/// that the product's weights come from DRAM, as they do in decoding.
-struct Flush(Vec<u64>);
+/// Before each timed product, the product's weights out of every cache, so that they come from
+/// DRAM as they do in decoding: their lines flushed (`clflush` on x86-64: no memory), or on
+/// other targets a buffer twice the last-level cache read by the pool's threads (allocated on
+/// first use; up to 512 MiB, which a load's peak memory then includes).
+#[derive(Default)]
+struct Flush(std::cell::OnceCell<Vec<u64>>);
 
 impl Flush {
-    fn new() -> Self {
-        let bytes = (2 * last_level_cache()).clamp(16 << 20, 512 << 20);
-        // Written (not zeroed pages shared by the kernel), so reading it fills the caches.
-        Flush((0..bytes as u64 / 8).collect())
-    }
-
-    fn run(&self, pool: &Pool) {
+    fn run(&self, pool: &Pool, ms: &[Columns]) {
+        // On the pool, each thread a share of each matrix, so its threads are awake when the
+        // timed product starts, as they are between a layer's products.
+        let n = pool.threads();
+        let evicted = std::sync::atomic::AtomicBool::new(true);
+        pool.run(&|t| {
+            if !ms.iter().all(|m| m.evict_share(t, n)) {
+                evicted.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        if evicted.into_inner() {
+            return;
+        }
+        let buf = self.0.get_or_init(|| {
+            let bytes = (2 * last_level_cache()).clamp(16 << 20, 512 << 20);
+            // Written (not zeroed pages shared by the kernel), so reading it fills the caches.
+            (0..bytes as u64 / 8).collect()
+        });
         let n = pool.threads();
         pool.run(&|t| {
-            let part = &self.0[crate::cpu::share(self.0.len(), t, n)];
+            let part = &buf[crate::cpu::share(buf.len(), t, n)];
             std::hint::black_box(part.iter().fold(0u64, |a, &v| a ^ v));
         });
     }

@@ -1,6 +1,6 @@
 //! Calibration of per-layer thresholds, realized sparsity, and perplexity.
 
-use candle_core::D;
+use candle_core::{Device, D};
 use powerinfer::analysis::{ActivationStats, Histogram};
 use powerinfer::{
     input_rule::ChessRule, input_rule::GreedyPath, layers::InputSparseLinear, GateFirst,
@@ -9,6 +9,16 @@ use powerinfer::{
 
 use crate::error::{check_count, ErrorKind, Result};
 use crate::model::{Attention, Ffn, Llama, Projection};
+
+/// Bytes of logits the perplexity functions have the LM head compute at once: 32 rows of
+/// Qwen2.5's 151936-token vocabulary would be 19 MB, held twice (the head's output and its
+/// scratch), 67 MB on Gemma 3's 262144.
+const LOGIT_BYTES: usize = 8 << 20;
+
+/// Rows of logits per block for a vocabulary of `vocab` tokens: [`LOGIT_BYTES`] of them, 1 to 64.
+fn logit_rows(vocab: usize) -> usize {
+    (LOGIT_BYTES / (4 * vocab.max(1))).clamp(1, 64)
+}
 
 /// A perplexity and its standard error (llama.cpp's estimate), over `scored` tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,7 +60,7 @@ impl Llama {
             h.set_force_dense(true);
             h.enable_stats_with_magnitudes(0.0);
         }
-        let run = self.run_chunks(tokens, chunk, |_, _| Ok(()));
+        let run = self.run_windows(tokens, chunk);
         // Restore every layer before reporting a failed run.
         let stats: Vec<Option<ActivationStats>> = self
             .hybrids()?
@@ -145,7 +155,7 @@ impl Llama {
             f.set_rule(score, InputThresholds::default())?;
             f.record_scores();
         }
-        let run = self.run_chunks(tokens, chunk, |_, _| Ok(()));
+        let run = self.run_windows(tokens, chunk);
         let mut out = Vec::new();
         for (f, (sc, t)) in self.input_sparse()?.into_iter().zip(saved) {
             out.push(f.take_scores().unwrap_or_default());
@@ -280,7 +290,7 @@ impl Llama {
                 l.record_scores();
             }
         }
-        let run = self.run_chunks(tokens, chunk, |_, _| Ok(()));
+        let run = self.run_windows(tokens, chunk);
         let mut out = Vec::new();
         let mut saved = saved.into_iter();
         for p in self.sparse_attention()? {
@@ -334,6 +344,18 @@ impl Llama {
             }
         }
         t
+    }
+
+    /// Runs `tokens` in independent windows of `chunk` tokens for what the layers record
+    /// (scores, statistics): the LM head computes only each window's last row.
+    fn run_windows(&mut self, tokens: &[u32], chunk: usize) -> Result<()> {
+        let chunk = chunk.clamp(2, self.config.context);
+        for w in tokens.chunks(chunk).filter(|w| w.len() >= 2) {
+            self.clear_kv_cache();
+            self.forward(w, 0)?;
+        }
+        powerinfer::cpu::release_freed_memory();
+        Ok(())
     }
 
     /// Runs `tokens` in independent windows of `chunk` tokens, handing each window's logits
@@ -390,16 +412,21 @@ impl Llama {
                 window[0] = b;
             }
             self.clear_kv_cache();
-            let logits: Vec<Vec<f32>> = self.forward_all(&window, 0)?.to_vec2()?;
-            for p in ctx / 2..ctx - 1 {
-                let z = &logits[p];
-                let m = z.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
-                let s: f64 = z.iter().map(|&v| (v - m).exp() as f64).sum();
-                let nll = -((z[window[p + 1] as usize] - m) as f64 - s.ln());
-                sum += nll;
-                sum2 += nll * nll;
-                count += 1;
-            }
+            let vocab = self.config.vocab;
+            self.forward_all_each(&window, 0, logit_rows(vocab), |first, block| {
+                for (p, z) in (first..).zip(block.chunks_exact(vocab)) {
+                    if p < ctx / 2 || p + 1 >= ctx {
+                        continue;
+                    }
+                    let m = z.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+                    let s: f64 = z.iter().map(|&v| (v - m).exp() as f64).sum();
+                    let nll = -((z[window[p + 1] as usize] - m) as f64 - s.ln());
+                    sum += nll;
+                    sum2 += nll * nll;
+                    count += 1;
+                }
+                Ok(())
+            })?;
         }
         let mean = sum / count as f64;
         let ppl = mean.exp();
@@ -415,17 +442,26 @@ impl Llama {
     /// tokens 1.. from the ones before).
     pub fn perplexity(&mut self, tokens: &[u32], chunk: usize) -> Result<f64> {
         let (mut nll, mut n) = (0f64, 0usize);
-        self.run_chunks(tokens, chunk, |logits, w| {
-            // Row by row: a window's log-softmax whole would be two more copies of its
-            // `[len, vocab]` logits (311 MB each on a 151936-token vocabulary).
-            for i in 0..w.len() - 1 {
-                let row = logits.get(i)?.to_dtype(candle_core::DType::F32)?;
-                let lp = candle_nn::ops::log_softmax(&row, D::Minus1)?;
-                nll -= lp.get(w[i + 1] as usize)?.to_scalar::<f32>()? as f64;
-                n += 1;
-            }
-            Ok(())
-        })?;
+        let chunk = chunk.clamp(2, self.config.context);
+        let vocab = self.config.vocab;
+        for w in tokens.chunks(chunk).filter(|w| w.len() >= 2) {
+            self.clear_kv_cache();
+            // The logits in blocks of rows, each row's log-softmax alone: a window's logits
+            // whole are `[len, vocab]` (311 MB for 512 tokens on a 151936-token vocabulary).
+            self.forward_all_each(w, 0, logit_rows(vocab), |first, block| {
+                for (i, z) in (first..).zip(block.chunks_exact(vocab)) {
+                    if i + 1 < w.len() {
+                        let row = candle_core::Tensor::from_slice(z, vocab, &Device::Cpu)?;
+                        let lp = candle_nn::ops::log_softmax(&row, D::Minus1)?;
+                        nll -= lp.get(w[i + 1] as usize)?.to_scalar::<f32>()? as f64;
+                        n += 1;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        // The rows' tensors above come and go a vocabulary at a time; glibc keeps them.
+        powerinfer::cpu::release_freed_memory();
         if n == 0 {
             return Err(ErrorKind::Prompt {
                 reason: "need at least 2 tokens for perplexity".into(),

@@ -248,6 +248,20 @@ impl Decoder {
         last_only: bool,
         clock: &mut Clock,
     ) -> Result<&[f32]> {
+        self.trunk(cfg, layers, prefetch_depth, tokens, pos, clock)?;
+        self.head(tokens.len(), last_only, clock)
+    }
+
+    /// The embedding and every layer for `tokens` at positions `pos..`, the cache advanced.
+    fn trunk(
+        &mut self,
+        cfg: &LlamaConfig,
+        layers: &[Layer],
+        prefetch_depth: usize,
+        tokens: &[u32],
+        pos: usize,
+        clock: &mut Clock,
+    ) -> Result<()> {
         let end = self.prepare(cfg, pos, tokens.len())?;
         self.embed_rows(cfg, tokens)?;
         clock.lap(Lap::Other);
@@ -256,7 +270,33 @@ impl Decoder {
             self.ffn_step(cfg, layers, l, prefetch_depth, clock)?;
         }
         self.len = end;
-        self.head(tokens.len(), last_only, clock)
+        Ok(())
+    }
+
+    /// Runs `tokens` as [`Decoder::forward`] does and hands the logits of every position to `f`
+    /// in blocks of at most `block` rows (`f(first_row, logits)`, `logits` row-major): a window's
+    /// logits are never held whole (`[tokens, vocab]`: 311 MB for 512 tokens on a 151936-token
+    /// vocabulary).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward_each(
+        &mut self,
+        cfg: &LlamaConfig,
+        layers: &[Layer],
+        prefetch_depth: usize,
+        tokens: &[u32],
+        pos: usize,
+        block: usize,
+        clock: &mut Clock,
+        f: &mut dyn FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        self.trunk(cfg, layers, prefetch_depth, tokens, pos, clock)?;
+        self.residual(clock);
+        let block = block.max(1);
+        for first in (0..tokens.len()).step_by(block) {
+            let logits = self.head_rows(first, block.min(tokens.len() - first))?;
+            f(first, logits)?;
+        }
+        Ok(())
     }
 
     /// Checks `pos`, grows the KV cache to hold `pos + rows` positions and sizes the scratch
@@ -457,16 +497,28 @@ impl Decoder {
     /// The last residual add, the final norm and the LM head: the logits of the last row
     /// (`last_only`) or of all `rows`.
     fn head(&mut self, rows: usize, last_only: bool, clock: &mut Clock) -> Result<&[f32]> {
+        let out_rows = if last_only { 1 } else { rows };
+        self.residual(clock);
+        self.head_rows(rows - out_rows, out_rows)
+    }
+
+    /// The last residual add, on every row.
+    fn residual(&mut self, clock: &mut Clock) {
         let s = &mut self.s;
         let hidden = self.norm.len();
-        let out_rows = if last_only { 1 } else { rows };
-        let first = rows - out_rows;
         for (xr, fr) in s.x.chunks_exact_mut(hidden).zip(s.f.chunks_exact(hidden)) {
             xr.iter_mut().zip(fr).for_each(|(x, f)| *x += *f);
         }
         clock.lap(Lap::Other);
+    }
+
+    /// The final norm and the LM head of rows `first..first + out_rows` (after
+    /// [`Decoder::residual`]).
+    fn head_rows(&mut self, first: usize, out_rows: usize) -> Result<&[f32]> {
+        let s = &mut self.s;
+        let hidden = self.norm.len();
         rms_norm_rows(
-            &s.x[first * hidden..],
+            &s.x[first * hidden..(first + out_rows) * hidden],
             &self.norm,
             self.eps,
             &mut s.h[..out_rows * hidden],

@@ -32,6 +32,12 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Prompt then greedy decode, logits of every step.
+/// The bits of a tensor's values, flattened, for bit-for-bit comparisons.
+fn bits(t: &candle_core::Tensor) -> Vec<u32> {
+    let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    v.iter().map(|v| v.to_bits()).collect()
+}
+
 fn run(m: &mut Llama, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     m.clear_kv_cache();
     let mut out = vec![m.forward_logits(prompt, 0).unwrap().to_vec()];
@@ -133,15 +139,39 @@ fn fused_prefill_equals_token_by_token() {
                 .iter()
                 .map(|v| v.to_bits())
                 .collect();
-            let row: Vec<u32> = all
-                .get(p)
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect();
-            assert_eq!(one, row, "position {p}");
+            assert_eq!(one, bits(&all.get(p).unwrap()), "position {p}");
+        }
+    }
+}
+
+/// `forward_all_each` hands out `forward_all`'s logits bit for bit, in blocks of 1, 2, 3 and 7
+/// rows and one block larger than the window, on the fused decoder and on candle's path; every
+/// row comes once, in order.
+#[test]
+fn logits_in_blocks_equal_the_whole_window() {
+    let dir = temp_dir("fused-blocks");
+    let path = dir.join("m.gguf");
+    write_gguf_llama(&path, &spec(GgmlDType::Q4_1, 4, 2, true, 8));
+    for mode in [FfnMode::Fused { threads: 2 }, FfnMode::Dense] {
+        let mut m = load(&path, &mode);
+        let tokens = [1u32, 5, 9, 11, 2, 70, 33];
+        m.clear_kv_cache();
+        let all = bits(&m.forward_all(&tokens, 0).unwrap());
+        for block in [1, 2, 3, 7, 100] {
+            m.clear_kv_cache();
+            let (mut got, mut next) = (Vec::new(), 0);
+            m.forward_all_each(&tokens, 0, block, |first, logits| {
+                assert_eq!(first, next, "{mode:?}: blocks of {block} in order");
+                assert!(
+                    logits.len() <= block * 80,
+                    "{mode:?}: a block of at most {block} rows"
+                );
+                next += logits.len() / 80;
+                got.extend(logits.iter().map(|v| v.to_bits()));
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got, all, "{mode:?}, blocks of {block}");
         }
     }
 }

@@ -144,6 +144,18 @@ fn check_dims(rows: usize, cols: usize, quant: bool) -> Result<()> {
 }
 
 impl ColumnMatrix {
+    /// Drops share `t` of `n` of the matrix's values and scales from every cache
+    /// ([`crate::cpu::evict_share`]).
+    pub(crate) fn evict_share(&self, t: usize, n: usize) -> bool {
+        use crate::cpu::evict_share as ev;
+        match &self.data {
+            ColumnData::Quant { scales, values, .. } => ev(scales, t, n) && ev(values, t, n),
+            ColumnData::F32(v) => ev(v, t, n),
+            ColumnData::F16(v) => ev(v, t, n),
+            ColumnData::BF16(v) => ev(v, t, n),
+        }
+    }
+
     /// The column-major form of a GGUF matrix given as the file stores it: `rows` rows of `cols`
     /// weights in `kind` blocks, row-major (`src` holds `rows * kind.row_bytes(cols)` bytes).
     /// Scales that decode to NaN or infinity are refused (a corrupt file).

@@ -175,6 +175,21 @@ impl Llama {
             self.logits_copy = t.to_vec1::<f32>()?;
             return Ok(&self.logits_copy);
         }
+        let logits = self.fused(tokens, pos, |d, config, layers, depth, clock| {
+            d.forward(config, layers, depth, tokens, pos, true, clock)
+        })?;
+        check_logits(logits)?;
+        Ok(logits)
+    }
+
+    /// Checks `tokens` at `pos`, runs `run` on the fused decoder and its model, and books the
+    /// clock's laps (the LM head last) into the timings.
+    fn fused<'s, R>(
+        &'s mut self,
+        tokens: &[u32],
+        pos: usize,
+        run: impl FnOnce(&'s mut Decoder, &'s LlamaConfig, &'s [Layer], usize, &mut Clock) -> Result<R>,
+    ) -> Result<R> {
         let mut clock = Clock::new(self.timings.is_some());
         self.check_tokens(tokens, pos)?;
         let Llama {
@@ -188,27 +203,58 @@ impl Llama {
         else {
             return Err(powerinfer::Error::config("fused decoder", "not built").into());
         };
-        let logits = d.forward(
-            config,
-            layers,
-            *prefetch_depth,
-            tokens,
-            pos,
-            true,
-            &mut clock,
-        )?;
+        let out = run(d, config, layers, *prefetch_depth, &mut clock)?;
         clock.lap(Lap::LmHead);
         if let Some(t) = timings {
             clock.add_to(t);
         }
-        check_logits(logits)?;
-        Ok(logits)
+        Ok(out)
     }
 
     /// Runs `tokens` (one sequence) at positions `pos..pos + tokens.len()` and returns the logits
     /// of every position (`[tokens, vocab]`, f32). Tokens past the context are a typed error.
     pub fn forward_all(&mut self, tokens: &[u32], pos: usize) -> Result<Tensor> {
         self.forward_impl(tokens, pos, false)
+    }
+
+    /// Like [`Llama::forward_all`], but hands the logits to `f` in blocks of at most `block`
+    /// rows (`f(first_row, logits)`, row-major `[rows, vocab]`) instead of returning them: on the
+    /// fused decoder the LM head runs block by block, so a window's logits are never held whole
+    /// (311 MB for 512 tokens on Qwen2.5's vocabulary). The candle path computes them whole and
+    /// hands out slices.
+    pub fn forward_all_each(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        block: usize,
+        mut f: impl FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        if !self.is_fused() {
+            let all = self.forward_impl(tokens, pos, false)?;
+            let all = all.flatten_all()?.to_vec1::<f32>()?;
+            let (vocab, block) = (self.config.vocab, block.max(1));
+            for (b, rows) in all.chunks(block * vocab).enumerate() {
+                f(b * block, rows)?;
+            }
+            return Ok(());
+        }
+        let vocab = self.config.vocab;
+        let mut checked = |first: usize, logits: &[f32]| {
+            check_logits_from(logits, first * vocab)?;
+            f(first, logits)
+        };
+        self.fused(tokens, pos, |d, config, layers, depth, clock| {
+            d.forward_each(
+                config,
+                layers,
+                depth,
+                tokens,
+                pos,
+                block,
+                clock,
+                &mut checked,
+            )
+        })
     }
 
     /// Like [`Llama::forward_all`] but returns only the last position's logits (`[vocab]`).
@@ -416,10 +462,15 @@ impl Llama {
 /// Non-finite logits (from NaN or infinite weights the load could not see, or values that
 /// overflowed) are a typed error rather than a token sampled from garbage.
 fn check_logits(logits: &[f32]) -> Result<()> {
+    check_logits_from(logits, 0)
+}
+
+/// [`check_logits`] on a block of logits that starts at element `offset` of the whole.
+fn check_logits_from(logits: &[f32], offset: usize) -> Result<()> {
     match logits.iter().position(|v| !v.is_finite()) {
-        Some(index) => Err(powerinfer::Error::from(powerinfer::ErrorKind::NonFinite {
+        Some(i) => Err(powerinfer::Error::from(powerinfer::ErrorKind::NonFinite {
             tensor: "logits".into(),
-            index,
+            index: offset + i,
         })
         .into()),
         None => Ok(()),
