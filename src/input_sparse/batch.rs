@@ -44,11 +44,7 @@ impl InputSparseFfn {
         rows: usize,
         out: &mut [f32],
     ) {
-        BATCH.with(|b| match b.try_borrow_mut() {
-            Ok(mut b) => self.rows_batched_in(&mut b, s, t, um, x, rows, out),
-            // Only a call from inside another one on this thread (none today) finds it taken.
-            Err(_) => self.rows_batched_in(&mut Batch::default(), s, t, um, x, rows, out),
-        })
+        super::with_local(&BATCH, |b| self.rows_batched_in(b, s, t, um, x, rows, out))
     }
 
     #[allow(clippy::too_many_arguments)]

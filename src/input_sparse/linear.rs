@@ -231,11 +231,8 @@ impl InputSparseLinear {
     /// of rows over the union of their kept channels; each row's result is its own, bit for
     /// bit.
     fn rows_batched(&self, s: &mut Scratch, x: &[f32], rows: usize, out: &mut [f32]) {
-        BATCH.with(|b| match b.try_borrow_mut() {
-            Ok(mut b) => self.rows_batched_in(&mut b, &mut s.traffic, x, rows, out),
-            // Only a call from inside another one on this thread (none today) finds it taken.
-            Err(_) => self.rows_batched_in(&mut Batch::default(), &mut s.traffic, x, rows, out),
-        })
+        let traffic = &mut s.traffic;
+        super::with_local(&BATCH, |b| self.rows_batched_in(b, traffic, x, rows, out))
     }
 
     fn rows_batched_in(

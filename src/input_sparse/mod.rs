@@ -151,6 +151,18 @@ fn fcolumns(
 }
 
 /// The kernel table for `tier` (`None`: detected), `threads` checked first.
+/// `f` on this thread's value of `key` (a prompt's batch buffers, kept between calls), or on a
+/// fresh one when a call from inside another on this thread finds it taken (none today).
+fn with_local<T: Default + 'static, R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|b| match b.try_borrow_mut() {
+        Ok(mut b) => f(&mut b),
+        Err(_) => f(&mut T::default()),
+    })
+}
+
 fn kernels(threads: usize, tier: Option<SimdLevel>) -> Result<Kernels> {
     if threads == 0 {
         return Err(Error::config("threads", "must be at least 1"));
