@@ -346,11 +346,16 @@ impl Llama {
         t
     }
 
+    /// `tokens` cut into windows of `chunk` tokens (2 to the context), those of 2 or more.
+    fn windows<'t>(&self, tokens: &'t [u32], chunk: usize) -> impl Iterator<Item = &'t [u32]> {
+        let chunk = chunk.clamp(2, self.config.context);
+        tokens.chunks(chunk).filter(|w| w.len() >= 2)
+    }
+
     /// Runs `tokens` in independent windows of `chunk` tokens for what the layers record
     /// (scores, statistics): the LM head computes only each window's last row.
     fn run_windows(&mut self, tokens: &[u32], chunk: usize) -> Result<()> {
-        let chunk = chunk.clamp(2, self.config.context);
-        for w in tokens.chunks(chunk).filter(|w| w.len() >= 2) {
+        for w in self.windows(tokens, chunk) {
             self.clear_kv_cache();
             self.forward(w, 0)?;
         }
@@ -366,11 +371,7 @@ impl Llama {
         chunk: usize,
         mut f: impl FnMut(&candle_core::Tensor, &[u32]) -> Result<()>,
     ) -> Result<()> {
-        let chunk = chunk.clamp(2, self.config.context);
-        for w in tokens.chunks(chunk) {
-            if w.len() < 2 {
-                continue;
-            }
+        for w in self.windows(tokens, chunk) {
             self.clear_kv_cache();
             let logits = self.forward_all(w, 0)?;
             f(&logits, w)?;
@@ -442,9 +443,8 @@ impl Llama {
     /// tokens 1.. from the ones before).
     pub fn perplexity(&mut self, tokens: &[u32], chunk: usize) -> Result<f64> {
         let (mut nll, mut n) = (0f64, 0usize);
-        let chunk = chunk.clamp(2, self.config.context);
         let vocab = self.config.vocab;
-        for w in tokens.chunks(chunk).filter(|w| w.len() >= 2) {
+        for w in self.windows(tokens, chunk) {
             self.clear_kv_cache();
             // The logits in blocks of rows, each row's log-softmax alone: a window's logits
             // whole are `[len, vocab]` (311 MB for 512 tokens on a 151936-token vocabulary).
