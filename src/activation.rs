@@ -102,6 +102,39 @@ impl Activation {
         self.apply(u)
     }
 
+    /// [`Activation::gated`] over whole rows: `h[j] = gated(gate[j], up[j])` for the shortest
+    /// of the three. The activation is matched once, not per value, so each loop is tight
+    /// (a decoded token's FFN computes this on one thread between its two products).
+    pub fn gated_into(self, gate: &[f32], up: &[f32], h: &mut [f32]) {
+        fn each(h: &mut [f32], gate: &[f32], up: &[f32], f: impl Fn(f32, f32) -> f32) {
+            for ((h, &g), &u) in h.iter_mut().zip(gate).zip(up) {
+                *h = f(g, u);
+            }
+        }
+        match self {
+            Activation::Relu => each(h, gate, up, |g, u| Activation::Relu.gated(g, u)),
+            Activation::DRelu => each(h, gate, up, |g, u| Activation::DRelu.gated(g, u)),
+            Activation::Silu => each(h, gate, up, |g, u| Activation::Silu.gated(g, u)),
+            Activation::Gelu => each(h, gate, up, |g, u| Activation::Gelu.gated(g, u)),
+            Activation::GeluTanh => each(h, gate, up, |g, u| Activation::GeluTanh.gated(g, u)),
+        }
+    }
+
+    /// [`Activation::ungated`] over a whole row, matched once as [`Activation::gated_into`].
+    pub fn ungated_into(self, up: &[f32], h: &mut [f32]) {
+        fn each(h: &mut [f32], up: &[f32], f: impl Fn(f32) -> f32) {
+            for (h, &u) in h.iter_mut().zip(up) {
+                *h = f(u);
+            }
+        }
+        match self {
+            Activation::Relu | Activation::DRelu => each(h, up, |u| Activation::Relu.apply(u)),
+            Activation::Silu => each(h, up, |u| Activation::Silu.apply(u)),
+            Activation::Gelu => each(h, up, |u| Activation::Gelu.apply(u)),
+            Activation::GeluTanh => each(h, up, |u| Activation::GeluTanh.apply(u)),
+        }
+    }
+
     /// The same activation as candle-nn names it, for the dense reference.
     pub fn to_candle(self) -> candle_nn::Activation {
         match self {
@@ -129,6 +162,32 @@ impl TryFrom<candle_nn::Activation> for Activation {
                 "activation",
                 format!("{other:?} is not supported by the sparse FFN"),
             )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Activation;
+
+    /// The row forms give the scalar forms' bits, for every activation and row lengths around
+    /// SIMD widths (0, 1, odd, 8 and 16 +- 1), on values either side of 0.
+    #[test]
+    fn row_forms_are_the_scalar_forms() {
+        for act in Activation::ALL {
+            for n in [0, 1, 7, 8, 9, 15, 16, 17, 33] {
+                let g: Vec<f32> = (0..n).map(|i| (i as f32 - 4.0) * 0.7).collect();
+                let u: Vec<f32> = (0..n).map(|i| 1.5 - i as f32 * 0.3).collect();
+                let mut h = vec![f32::NAN; n];
+                act.gated_into(&g, &u, &mut h);
+                for j in 0..n {
+                    assert_eq!(h[j].to_bits(), act.gated(g[j], u[j]).to_bits(), "{act} {n}");
+                }
+                act.ungated_into(&u, &mut h);
+                for j in 0..n {
+                    assert_eq!(h[j].to_bits(), act.ungated(u[j]).to_bits(), "{act} {n}");
+                }
+            }
         }
     }
 }

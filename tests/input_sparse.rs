@@ -109,6 +109,22 @@ fn check_quant(
             "{dt:?} {h}x{n} {rows} rows, {t:?}, wina {wina}, {threads} threads, {tier}, \
              {layouts:?}, masked rows {masked_rows}"
         );
+        // Every matrix unmasked rows: the packed rows run as the dense FFN give the same bits.
+        let plain = layouts == [Layout::Rows; 3] && !masked_rows;
+        assert_eq!(f.dense_rows().is_some(), plain, "{layouts:?}, masked {masked_rows}");
+        if let Some([g, u, d]) = f.dense_rows() {
+            let gu = QLinear::from_parts(vec![g.clone(), u.clone()], None, threads).unwrap();
+            let dl = QLinear::from_packed(d.clone(), None, threads).unwrap();
+            let (mut guv, mut hv, mut y) = (vec![0f32; 2 * n], vec![0f32; n], vec![0f32; h]);
+            let mut dense = Vec::new();
+            for xr in x.chunks(h) {
+                gu.forward_f32(xr, 1, &mut guv).unwrap();
+                Activation::Silu.gated_into(&guv[..n], &guv[n..], &mut hv);
+                dl.forward_f32(&hv, 1, &mut y).unwrap();
+                dense.extend(y.iter().map(|v| v.to_bits()));
+            }
+            assert_eq!(dense, want, "{dt:?} {h}x{n}, {threads} threads: dense rows");
+        }
     }
 }
 

@@ -96,14 +96,26 @@ impl InputSparseFfn {
         // row order.
         let gu = &b.gu;
         let gated = self.gate.is_some();
+        let biased = self.gate_bias.is_some() || self.up_bias.is_some();
         self.pool.run_chunks(&mut b.h, rows, n, &|rr, part| {
             for (r, h) in rr.zip(part.chunks_exact_mut(n)) {
-                for (j, hv) in h.iter_mut().enumerate() {
-                    let up = gu[at(cg, rows, r, j)] + bias(&self.up_bias, j);
-                    *hv = match gated {
-                        true => act.gated(gu[at(0, rows, r, j)] + bias(&self.gate_bias, j), up),
-                        false => act.ungated(up),
-                    };
+                if biased {
+                    for (j, hv) in h.iter_mut().enumerate() {
+                        let up = gu[at(cg, rows, r, j)] + bias(&self.up_bias, j);
+                        *hv = match gated {
+                            true => act.gated(gu[at(0, rows, r, j)] + bias(&self.gate_bias, j), up),
+                            false => act.ungated(up),
+                        };
+                    }
+                    continue;
+                }
+                // Without biases, one tight loop per chunk (contiguous in `gu`).
+                for (c, hc) in h.chunks_mut(CHUNK).enumerate() {
+                    let u = &gu[at(cg, rows, r, c * CHUNK)..][..hc.len()];
+                    match gated {
+                        true => act.gated_into(&gu[at(0, rows, r, c * CHUNK)..][..hc.len()], u, hc),
+                        false => act.ungated_into(u, hc),
+                    }
                 }
             }
         });

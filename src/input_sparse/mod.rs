@@ -21,7 +21,7 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Module, Tensor};
 
 use crate::analysis::Histogram;
-use crate::cpu::{ColumnMatrix, ColumnStorage, Kernels, Pool, SimdLevel, CHUNK};
+use crate::cpu::{ColumnMatrix, ColumnStorage, Kernels, PackedRows, Pool, SimdLevel, CHUNK};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights};
 use crate::tensor_io::{check_f32_rows, forward_tensor};
@@ -268,6 +268,29 @@ impl InputSparseFfn {
         };
         let gate = self.gate.as_ref().map_or(Layout::Columns, |g| g.layout());
         [gate, up, self.down.layout()]
+    }
+
+    /// Gate's, up's and down's packed rows, when all three are stored as [`Layout::Rows`], none
+    /// is masked ([`InputSparseFfn::mask_rows`]) and nothing else sets this FFN apart from the
+    /// dense one (no biases, no CHESS rule, scores not being recorded): such an FFN skips
+    /// nothing, so a caller may run the dense FFN's code on these matrices instead (the candle
+    /// adapter's `Llama::run_rows_dense`).
+    pub fn dense_rows(&self) -> Option<[&PackedRows; 3]> {
+        let plain = self.gate_bias.is_none()
+            && self.up_bias.is_none()
+            && self.down_bias.is_none()
+            && self.chess.is_none()
+            && !self.recording.load(Ordering::Relaxed);
+        fn rows(c: &Columns) -> Option<&PackedRows> {
+            match c {
+                Columns::Rows { m, masked: false, .. } => Some(m),
+                _ => None,
+            }
+        }
+        match (&self.gate, &self.up) {
+            (Some(g), Up::Columns(u)) if plain => Some([rows(g)?, rows(u)?, rows(&self.down)?]),
+            _ => None,
+        }
     }
 
     /// The FFN on float weights (`[out, in]` tensors, f32/f16/bf16, with optional biases),
@@ -519,15 +542,21 @@ impl InputSparseFfn {
         } = s;
         let act = self.spec.activation;
         h.resize(n, 0.0);
-        let bias = |b: &Option<Vec<f32>>, j: usize| b.as_ref().map_or(0.0, |b| b[j]);
         let u = &gu[ups..ups + n];
-        if self.gate.is_some() {
-            for (j, (hv, &u)) in h.iter_mut().zip(u).enumerate() {
-                *hv = act.gated(gu[j] + bias(&self.gate_bias, j), u + bias(&self.up_bias, j));
+        let bias = |b: &Option<Vec<f32>>, j: usize| b.as_ref().map_or(0.0, |b| b[j]);
+        match (self.gate.is_some(), self.gate_bias.is_some() || self.up_bias.is_some()) {
+            // Without biases the activation is one tight loop over the row.
+            (true, false) => act.gated_into(&gu[..n], u, h),
+            (false, false) => act.ungated_into(u, h),
+            (true, true) => {
+                for (j, (hv, &u)) in h.iter_mut().zip(u).enumerate() {
+                    *hv = act.gated(gu[j] + bias(&self.gate_bias, j), u + bias(&self.up_bias, j));
+                }
             }
-        } else {
-            for (j, (hv, &u)) in h.iter_mut().zip(u).enumerate() {
-                *hv = act.ungated(u + bias(&self.up_bias, j));
+            (false, true) => {
+                for (j, (hv, &u)) in h.iter_mut().zip(u).enumerate() {
+                    *hv = act.ungated(u + bias(&self.up_bias, j));
+                }
             }
         }
         if keep.is_some() {

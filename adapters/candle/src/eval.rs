@@ -127,15 +127,18 @@ impl Llama {
     }
 
     fn input_sparse(&mut self) -> Result<Vec<&mut InputSparseFfn>> {
+        let dense = (0..self.layers.len()).find(|&l| self.runs_rows_dense(l));
         self.layers
             .iter_mut()
-            .map(|l| match &mut l.ffn {
-                Ffn::InputSparse(f) => Ok(&mut **f),
-                _ => Err(ErrorKind::Engine(powerinfer::Error::config(
-                    "ffn",
-                    "this needs a model loaded with FfnMode::InputSparse",
-                ))
-                .into()),
+            .map(|layer| match (&mut layer.ffn, dense) {
+                (Ffn::InputSparse(f), None) => Ok(&mut **f),
+                (_, Some(l)) => Err(not_input_sparse(format!(
+                    "layer {l}'s FFN runs as the dense one since `Llama::run_rows_dense`; \
+                     load the model again to calibrate"
+                ))),
+                _ => Err(not_input_sparse(
+                    "this needs a model loaded with FfnMode::InputSparse".into(),
+                )),
             })
             .collect()
     }
@@ -222,12 +225,25 @@ impl Llama {
     }
 
     /// Sets every layer's input-sparse rule: `score` and one [`InputThresholds`] per layer.
+    /// A layer [`Llama::run_rows_dense`] made dense skips nothing and ignores its entry.
     pub fn set_input_rule(
         &mut self,
         score: InputScore,
         thresholds: &[InputThresholds],
     ) -> Result<()> {
-        self.each_input_layer(thresholds, "input thresholds", |f, t| f.set_rule(score, *t))?;
+        check_count("input thresholds", self.layers.len(), thresholds.len())?;
+        let dense: Vec<bool> = (0..self.layers.len()).map(|l| self.runs_rows_dense(l)).collect();
+        for ((layer, t), dense) in self.layers.iter_mut().zip(thresholds).zip(dense) {
+            match &mut layer.ffn {
+                Ffn::InputSparse(f) => f.set_rule(score, *t)?,
+                _ if dense => {}
+                _ => {
+                    return Err(not_input_sparse(
+                        "this needs a model loaded with FfnMode::InputSparse".into(),
+                    ))
+                }
+            }
+        }
         Ok(())
     }
 
@@ -336,11 +352,26 @@ impl Llama {
 
     /// Weight bytes the input-sparse FFNs read since the last call, summed over layers (zero
     /// for other FFNs).
+    /// A layer [`Llama::run_rows_dense`] made dense reads every byte of its matrices for each
+    /// row the others saw (every layer sees every row).
     pub fn take_ffn_traffic(&mut self) -> WeightTraffic {
         let mut t = WeightTraffic::default();
+        let mut rows = 0;
         for l in &self.layers {
             if let Ffn::InputSparse(f) = &l.ffn {
-                t.add(&f.take_traffic());
+                let lt = f.take_traffic();
+                rows = rows.max(lt.rows);
+                t.add(&lt);
+            }
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            if let (Ffn::Kernels(k), true) = (&l.ffn, self.runs_rows_dense(i)) {
+                let bytes = rows * (k.gate_up.bytes() + k.down.bytes()) as u64;
+                t.add(&WeightTraffic {
+                    rows,
+                    read: bytes,
+                    dense: bytes,
+                });
             }
         }
         t
@@ -470,4 +501,9 @@ impl Llama {
         }
         Ok((nll / n as f64).exp())
     }
+}
+
+/// The typed error of an input-sparse call on a model whose FFN is not input-sparse.
+fn not_input_sparse(why: String) -> crate::Error {
+    ErrorKind::Engine(powerinfer::Error::config("ffn", why)).into()
 }

@@ -26,7 +26,7 @@
 
 use std::sync::Arc;
 
-use powerinfer::cpu::{attend, KvRows, Pool, QuantizedRow};
+use powerinfer::cpu::{attend, KvRows, PackedRows, Pool, QuantizedRow};
 use powerinfer::layers::QLinear;
 
 use crate::config::LlamaConfig;
@@ -54,6 +54,20 @@ pub(crate) struct KernelFfnScratch {
 }
 
 impl KernelFfn {
+    /// The dense FFN on gate's, up's and down's packed rows (gate and up as one layer: one
+    /// pass over the input, as the loader's stacked tensors), on `threads` threads.
+    pub(crate) fn from_rows(
+        [gate, up, down]: [PackedRows; 3],
+        act: powerinfer::Activation,
+        threads: usize,
+    ) -> Result<Self> {
+        Ok(KernelFfn {
+            gate_up: QLinear::from_parts(vec![gate, up], None, threads)?,
+            down: QLinear::from_packed(down, None, threads)?,
+            act,
+        })
+    }
+
     /// `rows` normed rows `x` (already quantized in `xq`) into `out` (`rows * hidden`).
     pub(crate) fn forward_rows(
         &self,
@@ -71,9 +85,7 @@ impl KernelFfn {
         let gated = |range: std::ops::Range<usize>, part: &mut [f32]| {
             for (h, r) in part.chunks_exact_mut(inter).zip(range) {
                 let (g, u) = gu[2 * inter * r..2 * inter * (r + 1)].split_at(inter);
-                for ((h, &g), &u) in h.iter_mut().zip(g).zip(u) {
-                    *h = act.gated(g, u);
-                }
+                act.gated_into(g, u, h);
             }
         };
         // A prompt's rows are shared among the threads; one row is not worth a dispatch.

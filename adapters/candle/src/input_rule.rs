@@ -8,7 +8,8 @@ use powerinfer::{
 };
 
 use crate::error::Result;
-use crate::model::Llama;
+use crate::fused::KernelFfn;
+use crate::model::{Ffn, Llama};
 
 /// How [`Llama::calibrate_input_rule`] chooses the thresholds. The default is the rule `powerinfer
 /// demo`, `bench` and `analyze` use: TEAL's `|x|` dropping 28% of the FFN's input entries, down
@@ -225,6 +226,37 @@ impl Llama {
         self.take_ffn_traffic();
         self.take_attention_traffic();
         Ok(())
+    }
+
+    /// Runs every layer whose input-sparse FFN the layout planner stored wholly as rows (gate,
+    /// up and down: at the rule's fractions no column layout paid) as the dense FFN of
+    /// `FfnMode::Fused`: the same matrices and the same code, so where sparsity does
+    /// not pay the sparse model runs exactly as fast as the dense one, prompts included. Call
+    /// it once the rule is set: a layer made dense no longer records scores nor masks its
+    /// rows, so calibrating again is then a typed error (load the model again for that), while
+    /// [`Llama::apply_input_rule`] still works (such a layer ignores its thresholds). Returns
+    /// how many layers run dense; a model with none to convert is left as it was.
+    pub fn run_rows_dense(&mut self) -> Result<usize> {
+        let n = self.layers.len();
+        self.rows_dense.resize(n, false);
+        let act = self.config.activation;
+        let mut converted = 0;
+        for (layer, dense) in self.layers.iter_mut().zip(&mut self.rows_dense) {
+            let Ffn::InputSparse(f) = &layer.ffn else {
+                continue;
+            };
+            let Some([g, u, d]) = f.dense_rows() else {
+                continue;
+            };
+            // Copied, then the input-sparse FFN dropped: one layer's matrices held twice at a
+            // time, and the model stays whole if building the dense layer fails.
+            let rows = [g.clone(), u.clone(), d.clone()];
+            let kernels = KernelFfn::from_rows(rows, act, f.threads())?;
+            layer.ffn = Ffn::Kernels(Box::new(kernels));
+            *dense = true;
+            converted += 1;
+        }
+        Ok(converted)
     }
 }
 

@@ -64,7 +64,10 @@ pub enum FfnMode {
         /// column only where its column product measured faster than the dense rows at the
         /// fractions the rule is expected to drop (`Layouts::Measured`; with an artifact, its
         /// rule's fractions), the others as the dense decoder's rows, never masked.
-        /// [`crate::Llama::layout_decisions`] says what was measured and chosen.
+        /// [`crate::Llama::layout_decisions`] says what was measured and chosen. With an
+        /// artifact and `Layouts::Measured`, a layer whose three matrices all stay rows runs
+        /// the dense FFN ([`crate::Llama::run_rows_dense`]); without one, call that once the
+        /// rule is calibrated and set.
         layouts: Layouts,
     },
     /// `powerinfer::HybridFfn`.
@@ -247,6 +250,9 @@ fn install_artifact(mut model: Llama, mode: &FfnMode, model_path: &Path) -> Resu
                 )
             })?;
             model.apply_input_rule(rule)?;
+            if matches!(mode, FfnMode::InputSparse { layouts: Layouts::Measured { .. }, .. }) {
+                model.run_rows_dense()?;
+            }
         }
         _ => {}
     }
@@ -617,6 +623,7 @@ fn finish(
         timings: None,
         logits_copy: Vec::new(),
         layout_decisions: Vec::new(),
+        rows_dense: Vec::new(),
         prefetch_depth: 0,
     })
 }

@@ -111,3 +111,48 @@ fn a_bad_search_is_a_typed_error() {
         assert!(e.contains("held-out text"), "{e}");
     }
 }
+
+/// Once the rule is set, `run_rows_dense` makes every layer stored wholly as rows the dense
+/// decoder's FFN: the logits are the dense model's bit for bit (prompt and decoded tokens), the
+/// layouts and bytes say so, the rule can still be applied, and calibrating again is a typed
+/// error naming the call.
+#[test]
+fn rows_run_as_the_dense_decoder() {
+    let (mut model, tok) = all_rows();
+    let calib = speech(&tok, 1995);
+    let rule = model
+        .calibrate_input_rule(&calib[..512], 128, &InputRuleOptions::default())
+        .unwrap();
+    model.apply_input_rule(&rule).unwrap();
+    let layers = model.config().layers;
+    assert_eq!(model.run_rows_dense().unwrap(), layers);
+    assert_eq!(model.run_rows_dense().unwrap(), 0, "nothing left to convert");
+    assert_eq!(model.ffn_layout_counts(), [(0, layers); 3]);
+    model.apply_input_rule(&rule).unwrap();
+
+    let path = data::smollm2(&mut |s| eprintln!("{s}")).unwrap();
+    let (mut dense, _) = open(&path, &FfnMode::Fused { threads: 2 }).unwrap();
+    let prompt = &calib[600..640];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let (mut a, mut b) = (
+        bits(model.forward_logits(prompt, 0).unwrap()),
+        bits(dense.forward_logits(prompt, 0).unwrap()),
+    );
+    assert_eq!(a, b, "prompt logits");
+    for i in 0..8 {
+        let next = calib[640 + i];
+        let pos = prompt.len() + i;
+        a = bits(model.forward_logits(&[next], pos).unwrap());
+        b = bits(dense.forward_logits(&[next], pos).unwrap());
+        assert_eq!(a, b, "decoded token {i}");
+    }
+    assert_eq!(model.take_ffn_traffic().skipped(), 0.0);
+
+    let err = model
+        .record_input_scores(&calib[..256], 128, rule.input_score().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("run_rows_dense"), "{err}");
+    let err = model.mask_rows(true).unwrap_err().to_string();
+    assert!(err.contains("run_rows_dense"), "{err}");
+}

@@ -58,6 +58,9 @@ pub struct Llama {
     /// What the input-sparse layouts measured and chose while loading (empty unless
     /// `Layouts::Measured`).
     pub(crate) layout_decisions: Vec<LayoutDecision>,
+    /// Per layer, whether [`Llama::run_rows_dense`] made its input-sparse FFN the dense one
+    /// (empty before it ran).
+    pub(crate) rows_dense: Vec<bool>,
 }
 
 impl Llama {
@@ -73,20 +76,29 @@ impl Llama {
     }
 
     /// Per matrix (gate, up, down), how many layers' input-sparse FFNs store it by column
-    /// (input-sparse) and how many as dense rows.
+    /// (input-sparse) and how many as dense rows (a layer [`Llama::run_rows_dense`] made dense
+    /// counts as rows).
     pub fn ffn_layout_counts(&self) -> [(usize, usize); 3] {
         let mut c = [(0, 0); 3];
-        for f in self.ffns() {
-            if let Ffn::InputSparse(f) = f {
-                for (c, l) in c.iter_mut().zip(f.layouts()) {
-                    match l {
-                        Layout::Columns => c.0 += 1,
-                        Layout::Rows => c.1 += 1,
-                    }
+        for (l, f) in self.ffns().enumerate() {
+            let layouts = match f {
+                Ffn::InputSparse(f) => f.layouts(),
+                _ if self.runs_rows_dense(l) => [Layout::Rows; 3],
+                _ => continue,
+            };
+            for (c, l) in c.iter_mut().zip(layouts) {
+                match l {
+                    Layout::Columns => c.0 += 1,
+                    Layout::Rows => c.1 += 1,
                 }
             }
         }
         c
+    }
+
+    /// Whether layer `l`'s input-sparse FFN runs as the dense one ([`Llama::run_rows_dense`]).
+    pub(crate) fn runs_rows_dense(&self, l: usize) -> bool {
+        self.rows_dense.get(l).copied().unwrap_or(false)
     }
 
     /// The FFN of every layer (to read statistics or switch modes).
