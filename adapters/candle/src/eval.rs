@@ -225,6 +225,7 @@ impl Llama {
     }
 
     /// Sets every layer's input-sparse rule: `score` and one [`InputThresholds`] per layer.
+    ///
     /// A layer [`Llama::run_rows_dense`] made dense skips nothing and ignores its entry.
     pub fn set_input_rule(
         &mut self,
@@ -352,6 +353,7 @@ impl Llama {
 
     /// Weight bytes the input-sparse FFNs read since the last call, summed over layers (zero
     /// for other FFNs).
+    ///
     /// A layer [`Llama::run_rows_dense`] made dense reads every byte of its matrices for each
     /// row the others saw (every layer sees every row).
     pub fn take_ffn_traffic(&mut self) -> WeightTraffic {
