@@ -111,7 +111,11 @@ fn check_quant(
         );
         // Every matrix unmasked rows: the packed rows run as the dense FFN give the same bits.
         let plain = layouts == [Layout::Rows; 3] && !masked_rows;
-        assert_eq!(f.dense_rows().is_some(), plain, "{layouts:?}, masked {masked_rows}");
+        assert_eq!(
+            f.dense_rows().is_some(),
+            plain,
+            "{layouts:?}, masked {masked_rows}"
+        );
         if let Some([g, u, d]) = f.dense_rows() {
             let gu = QLinear::from_parts(vec![g.clone(), u.clone()], None, threads).unwrap();
             let dl = QLinear::from_packed(d.clone(), None, threads).unwrap();

@@ -283,7 +283,9 @@ impl InputSparseFfn {
             && !self.recording.load(Ordering::Relaxed);
         fn rows(c: &Columns) -> Option<&PackedRows> {
             match c {
-                Columns::Rows { m, masked: false, .. } => Some(m),
+                Columns::Rows {
+                    m, masked: false, ..
+                } => Some(m),
                 _ => None,
             }
         }
@@ -544,7 +546,10 @@ impl InputSparseFfn {
         h.resize(n, 0.0);
         let u = &gu[ups..ups + n];
         let bias = |b: &Option<Vec<f32>>, j: usize| b.as_ref().map_or(0.0, |b| b[j]);
-        match (self.gate.is_some(), self.gate_bias.is_some() || self.up_bias.is_some()) {
+        match (
+            self.gate.is_some(),
+            self.gate_bias.is_some() || self.up_bias.is_some(),
+        ) {
             // Without biases the activation is one tight loop over the row.
             (true, false) => act.gated_into(&gu[..n], u, h),
             (false, false) => act.ungated_into(u, h),

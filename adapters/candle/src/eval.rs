@@ -233,7 +233,9 @@ impl Llama {
         thresholds: &[InputThresholds],
     ) -> Result<()> {
         check_count("input thresholds", self.layers.len(), thresholds.len())?;
-        let dense: Vec<bool> = (0..self.layers.len()).map(|l| self.runs_rows_dense(l)).collect();
+        let dense: Vec<bool> = (0..self.layers.len())
+            .map(|l| self.runs_rows_dense(l))
+            .collect();
         for ((layer, t), dense) in self.layers.iter_mut().zip(thresholds).zip(dense) {
             match &mut layer.ffn {
                 Ffn::InputSparse(f) => f.set_rule(score, *t)?,

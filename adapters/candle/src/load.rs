@@ -250,7 +250,13 @@ fn install_artifact(mut model: Llama, mode: &FfnMode, model_path: &Path) -> Resu
                 )
             })?;
             model.apply_input_rule(rule)?;
-            if matches!(mode, FfnMode::InputSparse { layouts: Layouts::Measured { .. }, .. }) {
+            if matches!(
+                mode,
+                FfnMode::InputSparse {
+                    layouts: Layouts::Measured { .. },
+                    ..
+                }
+            ) {
                 model.run_rows_dense()?;
             }
         }

@@ -126,7 +126,11 @@ fn rows_run_as_the_dense_decoder() {
     model.apply_input_rule(&rule).unwrap();
     let layers = model.config().layers;
     assert_eq!(model.run_rows_dense().unwrap(), layers);
-    assert_eq!(model.run_rows_dense().unwrap(), 0, "nothing left to convert");
+    assert_eq!(
+        model.run_rows_dense().unwrap(),
+        0,
+        "nothing left to convert"
+    );
     assert_eq!(model.ffn_layout_counts(), [(0, layers); 3]);
     model.apply_input_rule(&rule).unwrap();
 

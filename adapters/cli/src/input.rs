@@ -541,7 +541,10 @@ fn with_rule(
     m.model.apply_input_rule(&rule)?;
     // Where no matrix of a layer pays by column, the layer runs the dense decoder's FFN.
     let dense = m.model.run_rows_dense()?;
-    tracing::info!("{dense} of {} layers run the dense FFN", m.model.config().layers);
+    tracing::info!(
+        "{dense} of {} layers run the dense FFN",
+        m.model.config().layers
+    );
     let label = rule_label(&rule, m.model.input_sparse_attention());
     Ok(SparseModel {
         m,
