@@ -233,13 +233,10 @@ impl Llama {
         thresholds: &[InputThresholds],
     ) -> Result<()> {
         check_count("input thresholds", self.layers.len(), thresholds.len())?;
-        let dense: Vec<bool> = (0..self.layers.len())
-            .map(|l| self.runs_rows_dense(l))
-            .collect();
-        for ((layer, t), dense) in self.layers.iter_mut().zip(thresholds).zip(dense) {
+        for (l, (layer, t)) in self.layers.iter_mut().zip(thresholds).enumerate() {
             match &mut layer.ffn {
                 Ffn::InputSparse(f) => f.set_rule(score, *t)?,
-                _ if dense => {}
+                _ if self.rows_dense.get(l) == Some(&true) => {}
                 _ => {
                     return Err(not_input_sparse(
                         "this needs a model loaded with FfnMode::InputSparse".into(),

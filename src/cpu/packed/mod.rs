@@ -330,6 +330,8 @@ pub(crate) fn gemm(
 }
 
 #[cfg(target_arch = "x86_64")]
+mod prefetch;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_more;

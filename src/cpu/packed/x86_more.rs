@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::x86::prefetch_part;
+use super::prefetch::prefetch_part;
 use super::{record_bytes, PackedRows, PACK};
 use crate::cpu::blocks::{BlockKind, QK_K};
 use crate::cpu::quant::QuantizedRow;
