@@ -104,7 +104,7 @@ model() {
   echo "== (e) SmolLM2 end to end, host model on the CPU (8 threads)"
   for cache in 0 0.25; do
     /tmp/gpu/powerinfer bench --modes dense,sparse --threads 8 --runs 3 --tier cuda \
-      --vram-budget 0%,25%,50%,100% --cache "$cache" 2>&1 | grep -v '^{'
+      --vram-budget 0%,25%,50%,100% --cache "$cache" 2>&1
   done
 }
 

@@ -1,13 +1,31 @@
 //! # powerinfer
 //!
-//! An independent Rust implementation of the PowerInfer technique: activation-sparse FFN inference
-//! with hot/cold neuron placement, as a drop-in [`candle_core::Module`].
+//! An independent Rust implementation of activation-sparse FFN inference after PowerInfer: FFN
+//! blocks that compute only what matters for each token and read only its bytes, as drop-in
+//! [`candle_core::Module`]s on CPU tensors.
 //!
-//! For each token only the FFN neurons a [`Predictor`] selects are computed, reading only their
-//! bytes from neuron-major storage ([`NeuronBundles`]). A
-//! [`LayerPlacement`](tier::LayerPlacement) splits them between a fast tier (GPU, in a later
-//! release; the CPU today) and the CPU tier; both partial outputs are summed in a fixed order. The dense FFN ([`dense_reference`]) is the oracle the tests hold every
-//! path to.
+//! - [`InputSparseFfn`] is the default sparse mode, for SiLU models (Llama 3, Qwen, Mistral,
+//!   SmolLM): training-free input sparsity (TEAL, WINA). The entries of the FFN input (and of
+//!   `h` for down) whose score is under a calibrated threshold are dropped, so the weight
+//!   columns they multiply are never read. It takes a candle MLP's float weights
+//!   ([`InputSparseFfn::load`], [`InputSparseFfn::from_weights`]) or a GGUF file's blocks, kept
+//!   exactly ([`InputSparseFfn::from_qtensors`]); its thresholds come from calibration text
+//!   ([`InputSparseFfn::record_scores`], [`InputScores::thresholds`],
+//!   [`InputSparseFfn::set_rule`]). The [`LayoutPlanner`](layout::LayoutPlanner) stores a GGUF
+//!   matrix by column only where a timed column product beats the dense rows at the rule's kept
+//!   fraction; elsewhere it stays as the dense decoder's packed rows.
+//! - The fused decoder (in the `powerinfer-candle` crate) runs a whole llama-family GGUF model
+//!   on this crate's packed products ([`QLinear`](layers::QLinear)) and one thread pool, with
+//!   the dense FFN or this one. It is the baseline every sparse mode is measured against: on
+//!   the four models measured so far, at quality-safe targets, every matrix stays as rows and
+//!   the default sparse mode runs the dense decoder's own FFN: it is not faster yet.
+//! - [`HybridFfn`] is the neuron-major FFN for ReLU models: only the neurons a [`Predictor`]
+//!   (such as [`GateFirst`]) selects are computed, reading only their bytes from
+//!   [`NeuronBundles`]. A [`LayerPlacement`](tier::LayerPlacement) splits them between a fast
+//!   tier ([`FastTier`](tier::FastTier); a GPU with the `cuda` feature) and the CPU tier; both
+//!   partial outputs are summed in a fixed order. The example below builds one.
+//!
+//! The dense FFN ([`dense_reference`]) is the oracle the tests hold every path to.
 //!
 //! ```
 //! use candle_core::{Device, Module, Tensor};

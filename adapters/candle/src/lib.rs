@@ -1,9 +1,23 @@
 //! # powerinfer-candle
 //!
-//! Llama-family models (Llama, Mistral, Qwen2, SmolLM) written against candle 0.11 whose FFN is
-//! either candle's dense FFN (the reference) or `powerinfer::HybridFfn`. Loads GGUF files and HF
-//! safetensors directories, builds the tokenizer from GGUF metadata or `tokenizer.json`, and
-//! generates with candle-transformers' sampler.
+//! Llama-family models written against candle 0.11 (llama, mistral, qwen2 and gemma3 GGUF files;
+//! llama, mistral and qwen2 safetensors directories) with powerinfer's FFNs. [`open`] loads a
+//! model and its tokenizer ([`TextTokenizer`], from GGUF metadata or `tokenizer.json`);
+//! [`generate()`] samples with candle-transformers' sampler.
+//!
+//! - **The fused decoder.** [`FfnMode::Fused`] (the dense FFN) and the input-sparse mode run
+//!   every step of a layer and the LM head on powerinfer's packed products and one thread pool,
+//!   on GGUF files whose projections, FFN and LM head are Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K,
+//!   Q5_K or Q6_K (another block type is a typed error naming the tensor). [`FfnMode::Dense`]
+//!   is the reference model on candle's ops; [`Llama::is_fused`] says which path a model is on.
+//! - **The default sparse mode**, `powerinfer::InputSparseFfn` on that decoder:
+//!   [`FfnMode::sparse`] with [`Sparsity::Input`], then [`Llama::calibrate_input_rule`] and
+//!   [`Llama::apply_input_rule`] (or an artifact's rule), then [`Llama::run_rows_dense`], so
+//!   that layers where no matrix pays by column run the dense decoder's FFN. On the models
+//!   measured so far that is every layer: the mode is not faster than dense yet.
+//! - **`powerinfer::HybridFfn`**, the neuron-major FFN with predictors and placement (for ReLU
+//!   models), optionally with hot neurons on a fast tier ([`Llama::attach_tiers`]). The example
+//!   below runs it with exact `|h|` thresholding ([`FfnMode::gate_first`]).
 //!
 //! ```no_run
 //! use powerinfer_candle::{open, FfnMode, GenerateOptions, generate};

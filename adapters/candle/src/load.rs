@@ -36,8 +36,8 @@ pub enum FfnMode {
     Analysis,
     /// The dense FFN on the file's blocks through powerinfer's integer kernels, and the whole
     /// model on the fused decoder (no candle op per token, one thread pool of `threads`). Needs a
-    /// GGUF file whose projections, FFN and LM head are Q4_0, Q4_1 or Q8_0; anything else is a
-    /// typed error naming the tensor.
+    /// GGUF file whose projections, FFN and LM head are Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K
+    /// or Q6_K; anything else is a typed error naming the tensor.
     Fused {
         /// Threads of the pool (the calling thread included).
         threads: usize,
@@ -678,7 +678,7 @@ fn build_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
     if let FfnMode::Fused { .. } = mode {
         return Err(powerinfer::Error::config(
             "fused decoder",
-            "needs a GGUF file with Q4_0, Q4_1 or Q8_0 projections (this is a safetensors checkpoint)",
+            "needs a GGUF file of quantized blocks (this is a safetensors checkpoint)",
         )
         .into());
     }
@@ -705,7 +705,7 @@ fn build_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
             | FfnMode::InputSparse { up_rows: true, .. } => {
                 return Err(powerinfer::Error::config(
                     "input-sparse attention and the up-rows layout",
-                    "need a GGUF file with Q4_0, Q4_1 or Q8_0 blocks (this is a safetensors checkpoint)",
+                    "need a GGUF file (this is a safetensors checkpoint)",
                 )
                 .into())
             }

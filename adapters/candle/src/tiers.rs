@@ -56,7 +56,7 @@ pub enum TierKind {
         /// Threads per layer.
         threads: usize,
     },
-    /// [`powerinfer::tier::CudaTier`] on CUDA device `ordinal` (builds with the `cuda` feature; in
+    /// `powerinfer::tier::CudaTier` on CUDA device `ordinal` (builds with the `cuda` feature; in
     /// other builds, and without a device, every layer stays on the CPU with a warning).
     Cuda {
         /// The device.

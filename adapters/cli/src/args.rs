@@ -9,7 +9,8 @@ use powerinfer::WeightDType;
 /// `bench --modes`: the rows of our own engine `bench` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BenchMode {
-    /// candle-transformers' `quantized_llama` on the same file (GGUF only).
+    /// candle-transformers' quantized model of the file's architecture (`quantized_llama`,
+    /// `quantized_qwen2` or `quantized_gemma3`) on the same file (GGUF only).
     Candle,
     /// Our model on candle's ops with the dense FFN (the reference).
     Reference,

@@ -10,6 +10,8 @@ use powerinfer_candle::{FfnMode, Llama, Timings};
 
 use crate::args::{BenchMode, Peer};
 use crate::common::{corpus_tokens, load, load_sparse, model_path, SparseSettings};
+use crate::output::say;
+use crate::plots::SpeedRow;
 use crate::BenchArgs;
 
 /// One measured mode.
@@ -86,18 +88,63 @@ fn argmax(v: &[f32]) -> u32 {
     best.0 as u32
 }
 
-/// The peer: candle-transformers' `quantized_llama` on the same GGUF file and prompt.
+/// candle-transformers' quantized model for a GGUF file's `general.architecture`.
+enum CandleModel {
+    Llama(candle_transformers::models::quantized_llama::ModelWeights),
+    Qwen2(candle_transformers::models::quantized_qwen2::ModelWeights),
+    Gemma3(candle_transformers::models::quantized_gemma3::ModelWeights),
+}
+
+impl CandleModel {
+    fn load(path: &std::path::Path, dev: &candle_core::Device) -> Result<Self> {
+        use candle_transformers::models::{quantized_gemma3, quantized_llama, quantized_qwen2};
+        let mut f = std::fs::File::open(path)
+            .with_context(|| format!("candle row: opening {}", path.display()))?;
+        let ct = candle_core::quantized::gguf_file::Content::read(&mut f)?;
+        let arch = ct
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        Ok(match arch.as_str() {
+            "llama" | "mistral" => {
+                CandleModel::Llama(quantized_llama::ModelWeights::from_gguf(ct, &mut f, dev)?)
+            }
+            "qwen2" => {
+                CandleModel::Qwen2(quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, dev)?)
+            }
+            "gemma3" => {
+                CandleModel::Gemma3(quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, dev)?)
+            }
+            other => bail!(
+                "candle row: {} is a `{other}` file; candle-transformers' quantized llama, qwen2 \
+                 and gemma3 models are measured",
+                path.display()
+            ),
+        })
+    }
+
+    /// The last position's logits, `[1, vocab]`.
+    fn forward(&mut self, x: &candle_core::Tensor, pos: usize) -> Result<candle_core::Tensor> {
+        Ok(match self {
+            CandleModel::Llama(m) => m.forward(x, pos)?,
+            CandleModel::Qwen2(m) => m.forward(x, pos)?,
+            CandleModel::Gemma3(m) => m.forward(x, pos)?,
+        })
+    }
+}
+
+/// The peer: candle-transformers' quantized model of the file's architecture (`quantized_llama`,
+/// `quantized_qwen2`, `quantized_gemma3`) on the same GGUF file and prompt.
 fn measure_candle(
     path: &std::path::Path,
     prompt: &[u32],
     decode: usize,
     runs: usize,
 ) -> Result<Row> {
-    use candle_transformers::models::quantized_llama::ModelWeights;
     let dev = candle_core::Device::Cpu;
-    let mut f = std::fs::File::open(path)?;
-    let ct = candle_core::quantized::gguf_file::Content::read(&mut f)?;
-    let mut m = ModelWeights::from_gguf(ct, &mut f, &dev)?;
+    let mut m = CandleModel::load(path, &dev)?;
     let (mut p, mut d) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         let t = Instant::now();
@@ -353,10 +400,11 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         prompt_tokens: prompt.len(),
         args: a,
         fused,
+        model: &path,
     };
     print_table(rows, (peer && gguf).then_some(lcpp), &info)?;
     for n in notes {
-        println!("{n}");
+        say!("{n}");
     }
     Ok(())
 }
@@ -501,7 +549,7 @@ fn measure_input(
 ) -> Result<Row> {
     let crate::input::SparseModel { mut m, label, .. } = crate::input::load_rule(path, settings)?;
     for d in m.model.layout_decisions() {
-        println!("input layout: {d}");
+        say!("input layout: {d}");
     }
     let mut row = measure(&mut m.model, prompt, a.decode_tokens, a.runs, "input")?;
     row.rule = Some(format!("{label}; {}", layout_summary(&m.model)));
@@ -533,6 +581,8 @@ struct RunInfo<'a> {
     args: &'a BenchArgs,
     /// Whether the sparse rows ran on the fused decoder.
     fused: bool,
+    /// The model file.
+    model: &'a std::path::Path,
 }
 
 /// Adds the peer's row (llama.cpp's samples from both halves of the run, if it ran) and prints.
@@ -550,19 +600,20 @@ fn print_table(
         prompt_tokens,
         args: a,
         fused,
+        model,
     } = *info;
     let bw = bw_start.best().max(bw_end.best());
-    println!(
+    say!(
         "{threads} thread(s), prompt {} tokens, decode {} tokens, medians of {} runs; read bandwidth {bw:.1} GB/s",
         prompt_tokens,
         a.decode_tokens,
         a.runs
     );
-    println!(
+    say!(
         "  (GB/s at the start and at the end: plain sum {:.1} and {:.1}, prefetching sum {:.1} and {:.1})",
         bw_start.plain, bw_end.plain, bw_start.prefetching, bw_end.prefetching
     );
-    println!(
+    say!(
         "{:<9} {:>9} {:>9} {:>11} | decode ms/token: {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} | {:>7} {:>8}",
         "mode",
         "prompt/s",
@@ -595,7 +646,7 @@ fn print_table(
             None => (format!("{:>34}", ""), None),
         };
         let floor = r.bytes.map(|b| b / bw / 1e6);
-        println!(
+        say!(
             "{:<9} {:>9.1} {:>9.1} {:>11} |                  {cols} {:>8.3} | {:>7} {:>8}",
             r.mode,
             r.prompt_tps,
@@ -606,31 +657,28 @@ fn print_table(
             floor.map_or(String::new(), |f| format!("{f:.3}")),
         );
         let t = r.per_token.as_ref();
-        println!(
-            "{}",
-            serde_json::json!({
-                "mode": r.mode, "threads": threads, "prompt_tokens": prompt_tokens,
-                "decode_tokens": a.decode_tokens, "prompt_tps": r.prompt_tps,
-                "decode_tps": r.decode_tps,
-                "decode_tps_min": r.decode_range.0, "decode_tps_max": r.decode_range.1,
-                "measured_ms": measured, "sum_ms": sum,
-                "ms_per_token": t.map(|t| {
-                    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.calls.max(1) as f64;
-                    serde_json::json!({"attention": ms(t.attention), "ffn": ms(t.ffn),
-                        "lm_head": ms(t.lm_head), "other": ms(t.other)})
-                }),
-                "bytes_per_token": r.bytes, "floor_ms": floor, "read_bandwidth_gbs": bw,
-                "realized_sparsity": r.sparsity, "ffn_bytes_skipped": r.ffn_bytes_skipped,
-                "attention_bytes_skipped": r.attention_bytes_skipped, "rule": r.rule,
-            })
-        );
+        crate::output::record(serde_json::json!({
+            "mode": r.mode, "threads": threads, "prompt_tokens": prompt_tokens,
+            "decode_tokens": a.decode_tokens, "prompt_tps": r.prompt_tps,
+            "decode_tps": r.decode_tps,
+            "decode_tps_min": r.decode_range.0, "decode_tps_max": r.decode_range.1,
+            "measured_ms": measured, "sum_ms": sum,
+            "ms_per_token": t.map(|t| {
+                let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.calls.max(1) as f64;
+                serde_json::json!({"attention": ms(t.attention), "ffn": ms(t.ffn),
+                    "lm_head": ms(t.lm_head), "other": ms(t.other)})
+            }),
+            "bytes_per_token": r.bytes, "floor_ms": floor, "read_bandwidth_gbs": bw,
+            "realized_sparsity": r.sparsity, "ffn_bytes_skipped": r.ffn_bytes_skipped,
+            "attention_bytes_skipped": r.attention_bytes_skipped, "rule": r.rule,
+        }));
     }
     let find = |m: &str| rows.iter().find(|r| r.mode == m);
     if let Some(s) = find("sparse").and_then(|r| r.sparsity) {
-        println!("sparse: realized FFN sparsity {:.1}%", s * 100.0);
+        say!("sparse: realized FFN sparsity {:.1}%", s * 100.0);
     }
     if let Some(r) = find("input") {
-        println!(
+        say!(
             "input ({}): {:.1}% of the FFN weight bytes and {:.1}% of the attention projections' skipped per decoded token",
             r.rule.as_deref().unwrap_or("?"),
             r.ffn_bytes_skipped.unwrap_or(0.0) * 100.0,
@@ -638,7 +686,7 @@ fn print_table(
         );
     }
     if !fused {
-        println!("note: this model's projections are not all Q4_0/Q4_1/Q8_0: `all` and `sparse` run on candle ops");
+        say!("note: this model's projections are not all Q4_0/Q4_1/Q8_0: `all` and `sparse` run on candle ops");
     }
     for base in ["llama.cpp", "candle", "reference"] {
         let Some(b) = find(base) else { continue };
@@ -654,7 +702,46 @@ fn print_table(
                 )
             })
             .collect();
-        println!("vs {base} (decode/prompt): {}", ratios.join(", "));
+        say!("vs {base} (decode/prompt): {}", ratios.join(", "));
+    }
+    if let Some(png) = &a.plot {
+        let note = format!(
+            "{threads} thread(s), prompt {prompt_tokens} tokens, decode {} tokens, medians of {} runs, read bandwidth {bw:.1} GB/s",
+            a.decode_tokens, a.runs
+        );
+        let name = model
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let bars: Vec<SpeedRow> = rows
+            .iter()
+            .map(|r| SpeedRow {
+                name: r.mode.clone(),
+                decode_tps: r.decode_tps,
+                prompt_tps: r.prompt_tps,
+            })
+            .collect();
+        let (dir, stem) = picture_path(png)?;
+        let files =
+            crate::plots::speed(&dir, &stem, &format!("{name}: tok/s per row"), &note, &bars)?;
+        for f in files {
+            say!("picture: {}", f.display());
+        }
     }
     Ok(())
+}
+
+/// `--plot F.png` as the directory and stem the pictures take (`F.png` and `F.svg`).
+fn picture_path(png: &std::path::Path) -> Result<(std::path::PathBuf, String)> {
+    let stem = match png.extension().and_then(|e| e.to_str()) {
+        Some("png") => png.file_stem(),
+        _ => None,
+    }
+    .and_then(|s| s.to_str())
+    .filter(|s| !s.is_empty())
+    .with_context(|| format!("--plot {}: give a file name ending in .png", png.display()))?;
+    let dir = png
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    Ok((dir.to_path_buf(), stem.to_string()))
 }

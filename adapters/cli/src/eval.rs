@@ -12,6 +12,7 @@ use crate::args::InputRule;
 use crate::common::{
     load, load_sparse, mean, model_path, spinner, text_tokens, Scoring, Sparse, SparseSettings,
 };
+use crate::output::say;
 use crate::plots::{bytes_perplexity, sparsity_perplexity, Series};
 use crate::EvalArgs;
 
@@ -51,19 +52,16 @@ fn default_run(
     let ppl = scoring.perplexity(&mut sm.m.model, text, ctx)?;
     pb.finish_and_clear();
     let (share, skipped) = sm.take_skipped();
-    println!(
+    say!(
         "sparse perplexity {ppl:.3} ({:+.2}%), {skipped} ({})",
         (ppl / ppl_dense - 1.0) * 100.0,
         sm.label
     );
-    println!(
-        "{}",
-        json!({
-            "tokens": text.len(), "ctx": ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl,
-            "mode": if sm.input { "input" } else { "h" }, "rule": sm.label,
-            "skipped": share,
-        })
-    );
+    crate::output::record(json!({
+        "tokens": text.len(), "ctx": ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl,
+        "mode": if sm.input { "input" } else { "h" }, "rule": sm.label,
+        "skipped": share,
+    }));
     Ok(())
 }
 
@@ -110,12 +108,12 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     let ppl_dense = scoring.perplexity(&mut dense.model, &text, a.ctx)?;
     pb.finish_and_clear();
     drop(dense);
-    println!(
+    say!(
         "held-out: {source}, {} tokens, context {}",
         text.len(),
         a.ctx
     );
-    println!("dense perplexity {ppl_dense:.3}");
+    say!("dense perplexity {ppl_dense:.3}");
     let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
 
     if !a.input_rules.is_empty() {
@@ -128,24 +126,21 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     let mut sp = load_sparse(&path, &settings)?;
     if sp.artifact.is_none() {
         let (ppl, per_layer) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
-        println!(
+        say!(
             "sparse perplexity {ppl:.3} ({:+.2}%), realized FFN sparsity {:.1}% ({})",
             rel(ppl),
             mean(&per_layer) * 100.0,
             sp.label
         );
-        println!("layer  sparsity  threshold");
+        say!("layer  sparsity  threshold");
         for (l, (s, t)) in per_layer.iter().zip(&sp.thresholds).enumerate() {
-            println!("{l:>5}  {:>7.1}%  {t:>9.4}", s * 100.0);
+            say!("{l:>5}  {:>7.1}%  {t:>9.4}", s * 100.0);
         }
-        println!(
-            "{}",
-            json!({
-                "tokens": text.len(), "ctx": a.ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl,
-                "mode": "h", "target_sparsity": settings.threshold.is_none().then_some(settings.sparsity),
-                "sparsity_per_layer": per_layer, "thresholds": sp.thresholds,
-            })
-        );
+        crate::output::record(json!({
+            "tokens": text.len(), "ctx": a.ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl,
+            "mode": "h", "target_sparsity": settings.threshold.is_none().then_some(settings.sparsity),
+            "sparsity_per_layer": per_layer, "thresholds": sp.thresholds,
+        }));
         return Ok(());
     }
 
@@ -159,20 +154,20 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     let audits: Vec<PredictorAudit> = sp.m.model.take_audit().into_iter().flatten().collect();
     let costs = predictor_costs(&sp);
     let realized = |v: &[PredictorAudit]| mean(&v.iter().map(|x| x.sparsity()).collect::<Vec<_>>());
-    println!(
+    say!(
         "exact thresholding  perplexity {ppl_exact:.3} ({:+.2}%), realized FFN sparsity {:.1}%",
         rel(ppl_exact),
         mean(&exact_layers) * 100.0
     );
-    println!(
+    say!(
         "trained predictors  perplexity {ppl_pred:.3} ({:+.2}%), realized FFN sparsity {:.1}% ({})",
         rel(ppl_pred),
         realized(&audits) * 100.0,
         sp.label
     );
-    println!("layer  sparsity  recall  precision  mass kept  predictor KiB  us/token");
+    say!("layer  sparsity  recall  precision  mass kept  predictor KiB  us/token");
     for (l, (x, bytes)) in audits.iter().zip(&costs).enumerate() {
-        println!(
+        say!(
             "{l:>5}  {:>7.1}%  {:>6.3}  {:>9.3}  {:>8.1}%  {:>13.1}  {:>7.1}",
             x.sparsity() * 100.0,
             x.recall(),
@@ -183,7 +178,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         );
     }
     let min_recall = audits.iter().map(|x| x.recall()).fold(1.0, f64::min);
-    println!(
+    say!(
         "recall of above-threshold neurons: min {min_recall:.3}, mean {:.3} over {} layers",
         mean(&audits.iter().map(|x| x.recall()).collect::<Vec<_>>()),
         audits.len()
@@ -198,7 +193,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         sp.use_trained(Some(s))?;
         let (q, layers) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
         pred_pts.push((mean(&layers), q));
-        println!(
+        say!(
             "sweep {:>3.0}%: exact {p:.3} ({:+.2}%, realized {:.1}%), trained {q:.3} ({:+.2}%, realized {:.1}%)",
             s * 100.0,
             rel(p),
@@ -233,26 +228,23 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         )?;
         print_pictures(&pictures);
     }
-    println!(
-        "{}",
-        json!({
-            "tokens": text.len(), "ctx": a.ctx, "ppl_dense": ppl_dense,
-            "exact": {"ppl": ppl_exact, "sparsity_per_layer": exact_layers},
-            "trained": {
-                "ppl": ppl_pred,
-                "sparsity_per_layer": audits.iter().map(|x| x.sparsity()).collect::<Vec<_>>(),
-                "recall": audits.iter().map(|x| x.recall()).collect::<Vec<_>>(),
-                "precision": audits.iter().map(|x| x.precision()).collect::<Vec<_>>(),
-                "mass_captured": audits.iter().map(|x| x.mass_captured()).collect::<Vec<_>>(),
-                "predictor_bytes": costs,
-                "predict_us_per_token": audits.iter().map(|x| x.predict_time.as_secs_f64() * 1e6 / x.tokens.max(1) as f64).collect::<Vec<_>>(),
-            },
-            "sweep": sweep.iter().zip(exact_pts.iter().zip(&pred_pts)).map(|(s, (e, p))| json!({
-                "target": s, "exact": {"sparsity": e.0, "ppl": e.1}, "trained": {"sparsity": p.0, "ppl": p.1},
-            })).collect::<Vec<_>>(),
-            "pictures": pictures,
-        })
-    );
+    crate::output::record(json!({
+        "tokens": text.len(), "ctx": a.ctx, "ppl_dense": ppl_dense,
+        "exact": {"ppl": ppl_exact, "sparsity_per_layer": exact_layers},
+        "trained": {
+            "ppl": ppl_pred,
+            "sparsity_per_layer": audits.iter().map(|x| x.sparsity()).collect::<Vec<_>>(),
+            "recall": audits.iter().map(|x| x.recall()).collect::<Vec<_>>(),
+            "precision": audits.iter().map(|x| x.precision()).collect::<Vec<_>>(),
+            "mass_captured": audits.iter().map(|x| x.mass_captured()).collect::<Vec<_>>(),
+            "predictor_bytes": costs,
+            "predict_us_per_token": audits.iter().map(|x| x.predict_time.as_secs_f64() * 1e6 / x.tokens.max(1) as f64).collect::<Vec<_>>(),
+        },
+        "sweep": sweep.iter().zip(exact_pts.iter().zip(&pred_pts)).map(|(s, (e, p))| json!({
+            "target": s, "exact": {"sparsity": e.0, "ppl": e.1}, "trained": {"sparsity": p.0, "ppl": p.1},
+        })).collect::<Vec<_>>(),
+        "pictures": pictures,
+    }));
     Ok(())
 }
 
@@ -288,7 +280,7 @@ fn input_sweep(
     // One model per layout: up as columns (teal, wina, h) or as rows (chess).
     let mut models: [Option<crate::input::InputModel>; 2] = [None, None];
     let rel = |p: f64| (p / ppl_dense - 1.0) * 100.0;
-    println!("rule  target  split     allocation (gate/up/down)  attention  calib ppl  held-out ppl  vs dense  FFN bytes skipped  projection bytes skipped");
+    say!("rule  target  split     allocation (gate/up/down)  attention  calib ppl  held-out ppl  vs dense  FFN bytes skipped  projection bytes skipped");
     let mut series = Vec::new();
     for &rule in rules {
         let im = match &mut models[usize::from(rule.up_rows())] {
@@ -329,7 +321,7 @@ fn input_sweep(
                 all.add(&attn);
                 let (skipped, projections) = (ffn.skipped(), all.skipped());
                 points[i].push((if with_attention { projections } else { skipped }, p));
-                println!(
+                say!(
                     "{:<5} {:>5.0}%  {:<8}  {:>4.0}% / {:>3.0}% / {:>3.0}%          {:>8.0}%  {calib:>9.3}  {p:>12.3}  {:>+7.2}%  {:>16.1}%  {:>23.1}%",
                     rule.name(),
                     s * 100.0,
@@ -342,16 +334,13 @@ fn input_sweep(
                     skipped * 100.0,
                     projections * 100.0,
                 );
-                println!(
-                    "{}",
-                    json!({
-                        "rule": rule.name(), "target": s, "split": split_name, "allocation": alloc,
-                        "attention": att, "tokens": text.len(), "ctx": a.ctx,
-                        "ppl_dense": ppl_dense, "ppl_sparse": p, "ffn_bytes_skipped": skipped,
-                        "attention_bytes_skipped": attn.skipped(),
-                        "projection_bytes_skipped": projections, "calibration_ppl": calib,
-                    })
-                );
+                crate::output::record(json!({
+                    "rule": rule.name(), "target": s, "split": split_name, "allocation": alloc,
+                    "attention": att, "tokens": text.len(), "ctx": a.ctx,
+                    "ppl_dense": ppl_dense, "ppl_sparse": p, "ffn_bytes_skipped": skipped,
+                    "attention_bytes_skipped": attn.skipped(),
+                    "projection_bytes_skipped": projections, "calibration_ppl": calib,
+                }));
             }
         }
         for (points, &att) in points.into_iter().zip(&attention) {
@@ -409,5 +398,5 @@ fn input_sweep(
 
 fn print_pictures(pictures: &[std::path::PathBuf]) {
     let names: Vec<String> = pictures.iter().map(|p| p.display().to_string()).collect();
-    println!("pictures: {}", names.join(", "));
+    say!("pictures: {}", names.join(", "));
 }

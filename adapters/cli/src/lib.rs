@@ -9,6 +9,7 @@ mod demo;
 mod eval;
 mod generate;
 mod input;
+mod output;
 mod plots;
 mod rule_cache;
 
@@ -19,9 +20,10 @@ use clap::{Args, Parser, Subcommand};
 pub use args::{BenchMode, Budget, InputRule, Peer, Storage};
 pub use common::{load, Loaded, SparseSettings};
 pub use input::Split;
+pub use output::OutputFormat;
 pub use plots::{
     bytes_perplexity, frequency_curves, frequency_heatmap, placement_split, sparsity_perplexity,
-    Series, SplitLayer,
+    speed, Series, SpeedRow, SplitLayer,
 };
 
 /// Activation-sparse LLM inference (the PowerInfer technique) on candle.
@@ -260,6 +262,14 @@ pub struct BenchArgs {
     /// a GPU). Default: `cuda` in a CUDA build, else `reference`.
     #[arg(long, default_value_t = args::Tier::default())]
     pub tier: args::Tier,
+    /// Also draw decode and prompt tok/s per row (ours and the peer's) into this `.png` (and
+    /// the same picture as `.svg` beside it).
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
+    /// How results are printed: `table` (default), `jsonl` (one JSON object per result line,
+    /// on stdout; the table on stderr) or `json` (one JSON array at the end).
+    #[arg(long, value_enum, default_value_t = output::OutputFormat::Table)]
+    pub output: output::OutputFormat,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
@@ -313,6 +323,10 @@ pub struct EvalArgs {
     /// axis is then the share of all projection weight bytes (FFN and attention) skipped.
     #[arg(long, value_name = "FRACTIONS", value_delimiter = ',', value_parser = args::input_fraction)]
     pub input_attention: Vec<f64>,
+    /// How results are printed: `table` (default), `jsonl` (one JSON object per result line,
+    /// on stdout; the table on stderr) or `json` (one JSON array at the end).
+    #[arg(long, value_enum, default_value_t = output::OutputFormat::Table)]
+    pub output: output::OutputFormat,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
@@ -332,8 +346,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(a) => demo::run(&a),
         Command::Generate(a) => generate::run(&a),
-        Command::Bench(a) => bench::run(&a),
-        Command::Eval(a) => eval::run(&a),
+        Command::Bench(a) => {
+            output::set(a.output);
+            bench::run(&a).map(|()| output::finish())
+        }
+        Command::Eval(a) => {
+            output::set(a.output);
+            eval::run(&a).map(|()| output::finish())
+        }
         Command::Analyze(a) => analyze::run(&a),
     }
 }

@@ -19,10 +19,12 @@ use plotters::style::register_font;
 
 mod frequency;
 mod placement;
+mod speed;
 mod sweep;
 
 use frequency::{Curves, Heatmap};
 use placement::Split;
+use speed::Speed;
 use sweep::Sweep;
 
 /// Frequencies below this (zeros included) are drawn at it on log axes.
@@ -46,6 +48,31 @@ pub struct Series {
     pub name: String,
     /// (realized sparsity in [0, 1], perplexity) points, in any order.
     pub points: Vec<(f64, f64)>,
+}
+
+/// One bar pair of [`speed`]: a `bench` row's name and its median tok/s.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpeedRow {
+    /// The row's name (`dense`, `input`, `llama.cpp`, ...).
+    pub name: String,
+    /// Median decode tok/s.
+    pub decode_tps: f64,
+    /// Median prompt tok/s.
+    pub prompt_tps: f64,
+}
+
+/// Decode (left axis) and prompt (right axis) tok/s per `bench` row, values on the bars, and
+/// `note` (the run's settings) under the picture. Rows with a NaN or negative speed are left
+/// out; an error when none is left.
+pub fn speed(
+    dir: &Path,
+    stem: &str,
+    title: &str,
+    note: &str,
+    rows: &[SpeedRow],
+) -> Result<Vec<PathBuf>> {
+    let fig = Speed::new(title, note, rows).context("speed")?;
+    save(dir, stem, &fig)
 }
 
 /// Sorted activation frequency of every layer's neurons, log y: the power law.

@@ -144,13 +144,17 @@ fn eval_input_rules_with_attention() {
         "1.5",
         "--input-attention",
         "0.2",
+        "--output",
+        "jsonl",
     ]);
     assert!(ok, "{err}");
+    // jsonl: stdout is JSON lines only, one per result; the table went to stderr.
     let lines: Vec<serde_json::Value> = out
         .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect(l))
         .collect();
     assert_eq!(lines.len(), 2, "{out}");
+    assert!(err.contains("teal"), "the table on stderr: {err}");
     for (j, att) in lines.iter().zip([0.0, 0.2]) {
         assert_eq!(j["split"], "down1.5x");
         assert_eq!(j["attention"].as_f64(), Some(att));
@@ -179,13 +183,18 @@ fn eval_and_generate_default_to_the_input_rule() {
         "--calibration-tokens",
         "512",
     ];
+    // `--output json`: stdout is one JSON array, here of one result.
     let json = |out: &str| -> serde_json::Value {
-        let line = out.lines().rev().find(|l| l.starts_with('{'));
-        serde_json::from_str(line.expect("a JSON line")).unwrap()
+        let all: serde_json::Value = serde_json::from_str(out).expect(out);
+        assert_eq!(all.as_array().map(Vec::len), Some(1), "{out}");
+        all[0].clone()
     };
     // Every matrix by column, so the rule's skipped bytes show whatever this machine measures.
     let columns = [("POWERINFER_LAYOUTS", "columns")];
-    let (ok, out, err) = powerinfer_env(&[&["eval"][..], &small].concat(), &columns);
+    let (ok, out, err) = powerinfer_env(
+        &[&["eval", "--output", "json"][..], &small].concat(),
+        &columns,
+    );
     assert!(ok, "{err}");
     let j = json(&out);
     assert_eq!(j["mode"], "input", "{out}");
@@ -194,7 +203,13 @@ fn eval_and_generate_default_to_the_input_rule() {
     assert!(skipped > 0.05 && skipped < 0.6, "{out}");
     assert!(j["ppl_sparse"].as_f64().unwrap() >= j["ppl_dense"].as_f64().unwrap() * 0.9);
 
-    let (ok, out, err) = powerinfer(&[&["eval", "--threshold", "0.05"][..], &small].concat());
+    let (ok, out, err) = powerinfer(
+        &[
+            &["eval", "--threshold", "0.05", "--output", "json"][..],
+            &small,
+        ]
+        .concat(),
+    );
     assert!(ok, "{err}");
     assert_eq!(json(&out)["mode"], "h", "{out}");
 
@@ -392,12 +407,15 @@ fn analyze_then_use_the_artifact() {
         a,
         "--sweep",
         "0.3",
+        "--output",
+        "jsonl",
     ]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("trained predictors") && out.contains("recall") && out.contains("sweep  30%"),
-        "{out}"
+        err.contains("trained predictors") && err.contains("recall") && err.contains("sweep  30%"),
+        "{err}"
     );
+    assert_eq!(out.lines().count(), 1, "one result, one JSON line: {out}");
     assert!(d.join("small.sweep.png").exists() && d.join("small.sweep.svg").exists());
     let json: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let recall = json["trained"]["recall"].as_array().unwrap();
@@ -421,11 +439,17 @@ fn analyze_then_use_the_artifact() {
             a,
             "--attention-sparsity",
             "0.2",
+            "--output",
+            "jsonl",
         ],
         &[("POWERINFER_LAYOUTS", "columns")],
     );
     assert!(ok, "{err}");
     assert!(out.contains("\"mode\":\"trained\""), "{out}");
+    assert!(
+        out.lines().all(|l| l.starts_with('{')),
+        "JSON lines only: {out}"
+    );
     // ... and one for the artifact's input-sparse rule, with the FFN bytes it skipped.
     let input: serde_json::Value = out
         .lines()
@@ -461,20 +485,23 @@ fn analyze_then_use_the_artifact() {
         "0.7",
         "--force-dense-layers",
         "0",
+        "--output",
+        "jsonl",
     ]);
     assert!(ok, "{err}");
     for mode in ["tier 0%", "tier 50%"] {
         assert!(out.contains(&format!("\"mode\":\"{mode}\"")), "{out}");
     }
     // The trained predictors guess the next layer's neurons, and some are copied in ahead
-    // (into slots the last token left unused: at 70% sparsity there are some).
+    // (into slots the last token left unused: at 70% sparsity there are some). The notes are
+    // the table's, on stderr with `jsonl`.
     assert!(
-        out.contains("tier 50% (reference:1): budget")
-            && out.contains("cache slots")
-            && out.contains("hit rate")
-            && out.contains("neurons prefetched)")
-            && !out.contains("(0 neurons prefetched)"),
-        "{out}"
+        err.contains("tier 50% (reference:1): budget")
+            && err.contains("cache slots")
+            && err.contains("hit rate")
+            && err.contains("neurons prefetched)")
+            && !err.contains("(0 neurons prefetched)"),
+        "{err}"
     );
     fails_with(&["bench", "--vram-budget", "150%"], "150");
     fails_with(

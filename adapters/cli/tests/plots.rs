@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use powerinfer_cli::{
-    frequency_curves, frequency_heatmap, placement_split, sparsity_perplexity, Series, SplitLayer,
+    frequency_curves, frequency_heatmap, placement_split, sparsity_perplexity, speed, Series,
+    SpeedRow, SplitLayer,
 };
 
 /// A fresh folder per test: under `POWERINFER_PLOTS_DIR` when set (kept), else a temp dir.
@@ -296,4 +297,43 @@ fn odd_frequencies_draw() {
     assert!(
         svg.contains("9 NaN/inf values skipped") && svg.contains("2 values outside [0, 1] clamped")
     );
+}
+
+fn speed_row(name: &str, decode_tps: f64, prompt_tps: f64) -> SpeedRow {
+    SpeedRow {
+        name: name.into(),
+        decode_tps,
+        prompt_tps,
+    }
+}
+
+/// `bench --plot`: one bar pair per row, the width growing with the rows; rows with a NaN or
+/// negative speed are left out, and a table with none left is an error.
+#[test]
+fn speed_bars_per_row() {
+    let out = OutDir::new("speed");
+    let rows = [
+        speed_row("llama.cpp", 17.1, 120.0),
+        speed_row("dense", 23.2, 160.5),
+        speed_row("input", 23.2, 158.0),
+    ];
+    let note = "2 thread(s), prompt 32 tokens, decode 32 tokens";
+    let p = speed(&out.path, "three", "model: tok/s", note, &rows).unwrap();
+    check(&p, &out.path, "three", (260 + 3 * 120, 560));
+    let svg = std::fs::read_to_string(&p[1]).unwrap();
+    for label in ["llama.cpp", "dense", "input", "23.2", "17.1"] {
+        assert!(svg.contains(label), "{label} not in the SVG");
+    }
+    let mut odd = rows.to_vec();
+    odd.push(speed_row("nan", f64::NAN, 1.0));
+    odd.push(speed_row("zero", 0.0, 0.0));
+    let p = speed(&out.path, "odd", "t", "", &odd).unwrap();
+    check(&p, &out.path, "odd", (260 + 4 * 120, 560));
+    let bad = [speed_row("nan", f64::NAN, 1.0), speed_row("neg", -1.0, 1.0)];
+    let e = speed(&out.path, "bad", "t", "", &bad).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("no row with finite tok/s"),
+        "{e:#}"
+    );
+    assert!(!out.path.join("bad.png").exists());
 }

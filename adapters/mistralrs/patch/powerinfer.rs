@@ -30,8 +30,8 @@ use crate::layers::{Activation, Mlp};
 mod sparse;
 #[cfg(feature = "powerinfer")]
 pub use sparse::{
-    config, disable, enable, engine, report, reset_report, Neurons, PowerInferConfig, Sparsity,
-    SparsityReport, ENV_CONFIG, ENV_SPARSITY, ENV_THREADS,
+    config, disable, enable, engine, report, reset_report, Layouts, Neurons, PowerInferConfig,
+    Sparsity, SparsityReport, ENV_CONFIG, ENV_LAYOUTS, ENV_SPARSITY, ENV_THREADS,
 };
 
 /// The sparse FFN of one layer (uninhabited without the feature).

@@ -78,8 +78,11 @@ pub async fn chat(
 pub(crate) fn skipped(cfg: &PowerInferConfig, r: &powerinfer::SparsityReport) -> String {
     match cfg.sparsity {
         Sparsity::Input(_) => format!(
-            "{:.1}% of the FFN weight bytes skipped",
-            r.ffn_bytes_skipped() * 100.0
+            "{:.1}% of the FFN weight bytes skipped ({} of {} FFN matrices input-sparse by column, \
+             the rest dense packed rows)",
+            r.ffn_bytes_skipped() * 100.0,
+            r.input_columns,
+            r.input_matrices,
         ),
         _ => format!("realized FFN sparsity {:.1}%", r.sparsity() * 100.0),
     }

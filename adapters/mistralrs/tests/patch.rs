@@ -10,7 +10,7 @@ mod greedy;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use mistralrs_core::powerinfer::{self, Neurons, PowerInferConfig, Sparsity};
+use mistralrs_core::powerinfer::{self, Layouts, Neurons, PowerInferConfig, Sparsity};
 
 /// The configuration and the sparsity report are process-wide: one model test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -52,6 +52,7 @@ fn environment_configuration_is_parsed_and_bad_values_are_named() {
             powerinfer::ENV_CONFIG,
             powerinfer::ENV_SPARSITY,
             powerinfer::ENV_THREADS,
+            powerinfer::ENV_LAYOUTS,
         ] {
             set(k, None);
         }
@@ -100,6 +101,19 @@ fn environment_configuration_is_parsed_and_bad_values_are_named() {
         PowerInferConfig::from_env().unwrap().unwrap().sparsity,
         Sparsity::Input(Some("/a/m.powerinfer".into()))
     );
+    assert_eq!(
+        PowerInferConfig::from_env().unwrap().unwrap().layouts,
+        Layouts::Measured { drop: [0.0; 3] }
+    );
+    set(powerinfer::ENV_LAYOUTS, Some("columns"));
+    assert_eq!(
+        PowerInferConfig::from_env().unwrap().unwrap().layouts,
+        Layouts::Columns
+    );
+    set(powerinfer::ENV_LAYOUTS, Some("diagonal"));
+    let e = PowerInferConfig::from_env().unwrap_err().to_string();
+    assert!(e.contains("MISTRALRS_POWERINFER_LAYOUTS=diagonal"), "{e}");
+    set(powerinfer::ENV_LAYOUTS, None);
     fails("input", Some("0.5"), None, "needs an artifact");
     fails("gate-first:abc", None, None, "`abc` is not a threshold");
     fails("all", Some("0.5"), None, "needs an artifact");
@@ -272,31 +286,46 @@ async fn artifact_predictors_generate_text() {
 async fn artifact_input_rule_skips_ffn_bytes_and_generates_text() {
     let Some(art) = artifact() else { return };
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let m = load_with(PowerInferConfig::input(Some(art.clone())))
-        .await
-        .unwrap();
-    powerinfer::reset_report();
-    let c = greedy::greedy(&m, "Write one sentence about the sea.", 24)
-        .await
-        .unwrap();
+    // Every matrix by column: the rule's products are all input-sparse.
+    let cfg = PowerInferConfig::input(Some(art.clone())).with_layouts(Layouts::Columns);
+    let (c, r) = generate_and_report(cfg, 24).await;
     assert!(c.text.split_whitespace().count() >= 5, "{:?}", c.text);
-    let r = powerinfer::report();
     assert_eq!(r.rows % 30, 0, "{r:?}");
+    // Layouts are counted over the live layers: models of earlier loads may still be shutting
+    // down, so at least this one's 30 x 3.
+    assert!(r.input_columns >= 90, "{r:?}");
     let s = r.ffn_bytes_skipped();
     assert!(
         s > 0.1 && s < 0.5,
         "FFN bytes skipped {s} by the artifact's rule"
     );
-    drop(m);
-    // Every input kept: nothing but the inputs that quantize to zero is skipped.
-    let m = load_with(PowerInferConfig::input(None)).await.unwrap();
+    // The default layouts: by column only where the planner measured that it pays, so what is
+    // skipped comes from those matrices alone (none skip anything as rows).
+    let (_, r) = generate_and_report(PowerInferConfig::input(Some(art.clone())), 8).await;
+    assert!(r.input_matrices >= 90, "{r:?}");
+    assert!(
+        r.ffn_bytes_skipped() == 0.0 || r.input_columns > 0,
+        "bytes skipped with every matrix as rows: {r:?}"
+    );
+    // Every input kept: every matrix is the dense packed rows, and nothing is skipped.
+    let (_, r) = generate_and_report(PowerInferConfig::input(None), 8).await;
+    assert!(r.input_matrices >= 90, "{r:?}");
+    assert_eq!(r.ffn_bytes_skipped(), 0.0, "every input kept: {r:?}");
+    assert!(r.ffn_bytes.dense > 0, "{r:?}");
+}
+
+/// Loads SmolLM2 with `cfg`, generates `tokens` greedy tokens, and returns them with the report
+/// of that generation (the model is dropped before returning).
+async fn generate_and_report(
+    cfg: PowerInferConfig,
+    tokens: usize,
+) -> (greedy::Completion, powerinfer::SparsityReport) {
+    let m = load_with(cfg).await.unwrap();
     powerinfer::reset_report();
-    greedy::greedy(&m, "Write one sentence about the sea.", 8)
+    let c = greedy::greedy(&m, "Write one sentence about the sea.", tokens)
         .await
         .unwrap();
-    let s = powerinfer::report().ffn_bytes_skipped();
-    assert!(
-        (0.0..0.05).contains(&s),
-        "every input kept, yet {s} skipped"
-    );
+    let r = powerinfer::report();
+    drop(m);
+    (c, r)
 }

@@ -405,7 +405,7 @@ impl ColumnBlocks {
         self.pad / UNIT_ROWS
     }
 
-    /// Bytes of the layout (held: [`SLACK`] and a cache line more).
+    /// Bytes of the layout (held: `SLACK` and a cache line more).
     pub fn bytes(&self) -> usize {
         self.data.len() - LINE - SLACK
     }

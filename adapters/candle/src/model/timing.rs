@@ -7,7 +7,7 @@ use candle_core::quantized::QMatMul;
 
 use super::Linear;
 
-/// Where decode time goes, accumulated while [`Llama::timings`] is enabled.
+/// Where decode time goes, accumulated while [`Llama::timings`](crate::Llama::timings) is enabled.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Timings {
     /// Embedding lookup, norms and residual adds.
@@ -23,7 +23,7 @@ pub struct Timings {
 }
 
 /// Bytes of weights (and KV cache) one decoded token reads, by component: the floor that memory
-/// bandwidth puts under decode time. See [`Llama::decode_bytes`].
+/// bandwidth puts under decode time. See [`Llama::decode_bytes`](crate::Llama::decode_bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DecodeBytes {
     /// Attention projections (q, k, v, o) of every layer.

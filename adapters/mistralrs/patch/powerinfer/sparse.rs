@@ -37,6 +37,14 @@ pub const ENV_THREADS: &str = "MISTRALRS_POWERINFER_THREADS";
 /// (same string forms).
 pub use powerinfer::{Neurons, Sparsity};
 
+/// How the input-sparse FFN stores a GGUF layer's matrices: measured per matrix (the default) or
+/// all by column.
+pub use powerinfer::layout::Layouts;
+
+/// Environment variable: `columns` stores every GGUF matrix of the input-sparse FFN by column
+/// (every product input-sparse, to measure the kernels) instead of [`Layouts::Measured`].
+pub const ENV_LAYOUTS: &str = "MISTRALRS_POWERINFER_LAYOUTS";
+
 /// How mistral.rs builds its FFN blocks while the configuration is enabled.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PowerInferConfig {
@@ -44,6 +52,12 @@ pub struct PowerInferConfig {
     pub sparsity: Sparsity,
     /// Threads of the sparse FFN's CPU tier (`None`: all cores).
     pub threads: Option<usize>,
+    /// The input-sparse FFN's GGUF layouts. [`Layouts::Measured`] (the default) stores a matrix
+    /// by column only where its column product, timed at load at the fraction of inputs the
+    /// artifact's rule drops (its `allocation`; the `drop` given here without a rule), beats
+    /// the dense packed rows; elsewhere as those rows, which run the dense decoder's kernels
+    /// over the whole input. So `input` (every input kept) is powerinfer's dense FFN.
+    pub layouts: Layouts,
 }
 
 impl PowerInferConfig {
@@ -72,7 +86,14 @@ impl PowerInferConfig {
         PowerInferConfig {
             sparsity,
             threads: None,
+            layouts: Layouts::Measured { drop: [0.0; 3] },
         }
+    }
+
+    /// The input-sparse FFN's GGUF layouts.
+    pub fn with_layouts(mut self, layouts: Layouts) -> Self {
+        self.layouts = layouts;
+        self
     }
 
     /// With an artifact: score thresholds for this FFN sparsity.
@@ -113,6 +134,15 @@ impl PowerInferConfig {
         }
         if let Some(t) = env_parse::<usize>(ENV_THREADS)? {
             cfg = cfg.with_threads(t);
+        }
+        match std::env::var(ENV_LAYOUTS).as_deref() {
+            Ok("columns") => cfg = cfg.with_layouts(Layouts::Columns),
+            Ok("" | "measured") | Err(_) => {}
+            Ok(v) => {
+                return Err(bad(format!(
+                    "{ENV_LAYOUTS}={v}: expected `columns` or `measured`"
+                )))
+            }
         }
         Ok(Some(cfg))
     }
@@ -178,6 +208,11 @@ pub struct SparsityReport {
     pub active: u64,
     /// Input-sparse layers: FFN weight bytes read, and what dense products would have read.
     pub ffn_bytes: powerinfer::WeightTraffic,
+    /// Input-sparse layers alive: their gate, up and down matrices, and how many of those are
+    /// stored by column (input-sparse products; the rest are dense packed rows).
+    pub input_matrices: usize,
+    /// See `input_matrices`.
+    pub input_columns: usize,
 }
 
 impl SparsityReport {
@@ -204,10 +239,13 @@ static TOTALS: Mutex<SparsityReport> = Mutex::new(SparsityReport {
         read: 0,
         dense: 0,
     },
+    input_matrices: 0,
+    input_columns: 0,
 });
 
-/// Moves every live layer's counts into the totals; returns the live layer count.
-fn collect(totals: &mut SparsityReport) -> usize {
+/// Moves every live layer's counts into the totals and sets what describes the live layers
+/// (their count, the input-sparse layers' layouts).
+fn collect(totals: &mut SparsityReport) {
     let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
     live.retain(|w| w.strong_count() > 0);
     for ffn in live.iter().filter_map(Weak::upgrade) {
@@ -221,18 +259,25 @@ fn collect(totals: &mut SparsityReport) -> usize {
     }
     let mut input = LIVE_INPUT.lock().unwrap_or_else(|e| e.into_inner());
     input.retain(|w| w.strong_count() > 0);
+    (totals.input_matrices, totals.input_columns) = (0, 0);
     for ffn in input.iter().filter_map(Weak::upgrade) {
         let t = ffn.take_traffic();
         totals.rows += t.rows;
         totals.ffn_bytes.add(&t);
+        let layouts = ffn.layouts();
+        totals.input_matrices += layouts.len();
+        totals.input_columns += layouts
+            .iter()
+            .filter(|l| **l == powerinfer::layout::Layout::Columns)
+            .count();
     }
-    live.len() + input.len()
+    totals.layers = live.len() + input.len();
 }
 
 /// Realized sparsity of the sparse FFN layers built so far, since the last [`reset_report`].
 pub fn report() -> SparsityReport {
     let mut totals = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
-    totals.layers = collect(&mut totals);
+    collect(&mut totals);
     *totals
 }
 
@@ -248,6 +293,9 @@ pub fn reset_report() {
 pub(crate) struct Plan {
     config: PowerInferConfig,
     artifact: Option<powerinfer::Artifact>,
+    /// The input-sparse FFN's layout planner (with [`Layouts::Measured`]), shared by the
+    /// layers: each (matrix, block type, shape) is timed once per load.
+    planner: Option<powerinfer::layout::LayoutPlanner>,
 }
 
 /// The load in progress: `None` when there is none, `Some(None)` for a load with no
@@ -277,7 +325,12 @@ impl ActiveLoad {
                     None => None,
                 };
                 tracing::info!("powerinfer: sparse FFN on, {}", config.sparsity);
-                Some(Arc::new(Plan { config, artifact }))
+                let planner = layout_planner(&config, artifact.as_ref())?;
+                Some(Arc::new(Plan {
+                    config,
+                    artifact,
+                    planner,
+                }))
             }
         };
         *load = Some(plan);
@@ -289,6 +342,25 @@ impl Drop for ActiveLoad {
     fn drop(&mut self) {
         *LOAD.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
+}
+
+/// The layout planner of an input-sparse load with [`Layouts::Measured`], expecting the
+/// artifact's rule to drop its allocation of gate's, up's and down's inputs (without a rule:
+/// the configuration's `drop`).
+fn layout_planner(
+    config: &PowerInferConfig,
+    artifact: Option<&powerinfer::Artifact>,
+) -> Result<Option<powerinfer::layout::LayoutPlanner>> {
+    let (Sparsity::Input(_), Layouts::Measured { drop }) = (&config.sparsity, config.layouts)
+    else {
+        return Ok(None);
+    };
+    let drop = artifact
+        .and_then(|a| a.meta.input_rule.as_ref())
+        .map_or(drop, |rule| rule.allocation);
+    powerinfer::layout::LayoutPlanner::new(drop, threads(config), None)
+        .map(Some)
+        .map_err(engine_err)
 }
 
 /// The artifact at `path`, made from `files` and holding what `config` runs.
@@ -407,8 +479,8 @@ fn build_input(
     })
 }
 
-fn threads(plan: &Plan) -> usize {
-    plan.config
+fn threads(config: &PowerInferConfig) -> usize {
+    config
         .threads
         .unwrap_or_else(|| powerinfer::HybridOptions::default().threads)
 }
@@ -428,13 +500,28 @@ pub(crate) fn gguf(
         powerinfer::FfnSpec::gated(h, n, powerinfer::Activation::Silu).map_err(engine_err)?;
     match &plan.config.sparsity {
         Sparsity::Input(_) => {
-            let ffn = powerinfer::InputSparseFfn::from_qtensors(
+            use powerinfer::layout::{FfnMatrix, Layout};
+            let layouts = match &plan.planner {
+                Some(p) => {
+                    let layout = |m: FfnMatrix, t: &QTensor, rows: usize, cols: usize| {
+                        p.layout(m, t, rows, cols).map_err(engine_err)
+                    };
+                    [
+                        layout(FfnMatrix::Gate, gate, n, h)?,
+                        layout(FfnMatrix::Up, up, n, h)?,
+                        layout(FfnMatrix::Down, down, h, n)?,
+                    ]
+                }
+                None => [Layout::Columns; 3],
+            };
+            let ffn = powerinfer::InputSparseFfn::from_qtensors_as(
                 spec,
                 Some(gate),
                 up,
                 down,
-                threads(plan),
+                threads(&plan.config),
                 None,
+                layouts,
             )
             .map_err(engine_err)?;
             build_input(plan, layer, ffn)
@@ -485,7 +572,7 @@ pub(crate) fn safetensors(
                 spec,
                 weights,
                 storage,
-                threads(plan),
+                threads(&plan.config),
                 None,
             )
             .map_err(engine_err)?;
