@@ -281,6 +281,13 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     if a.runs == 0 || a.decode_tokens == 0 || a.prompt_tokens == 0 {
         bail!("--runs, --decode-tokens and --prompt-tokens must be at least 1");
     }
+    if let Some(png) = a
+        .plot
+        .as_ref()
+        .filter(|p| p.extension().is_none_or(|e| e != "png"))
+    {
+        bail!("--plot {}: give a file name ending in .png", png.display());
+    }
     let peer = a.peer == Some(Peer::LlamaCpp);
     // Rows asked for by name must run; of the default set (every row), those the file cannot
     // run are skipped with the reason.
@@ -720,7 +727,8 @@ fn print_table(
                 prompt_tps: r.prompt_tps,
             })
             .collect();
-        let (dir, stem) = picture_path(png)?;
+        // `run` checked the name; the `.svg` goes beside it, under the same stem.
+        let (dir, stem) = crate::analyze::picture_stem(png);
         let files =
             crate::plots::speed(&dir, &stem, &format!("{name}: tok/s per row"), &note, &bars)?;
         for f in files {
@@ -728,20 +736,4 @@ fn print_table(
         }
     }
     Ok(())
-}
-
-/// `--plot F.png` as the directory and stem the pictures take (`F.png` and `F.svg`).
-fn picture_path(png: &std::path::Path) -> Result<(std::path::PathBuf, String)> {
-    let stem = match png.extension().and_then(|e| e.to_str()) {
-        Some("png") => png.file_stem(),
-        _ => None,
-    }
-    .and_then(|s| s.to_str())
-    .filter(|s| !s.is_empty())
-    .with_context(|| format!("--plot {}: give a file name ending in .png", png.display()))?;
-    let dir = png
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    Ok((dir.to_path_buf(), stem.to_string()))
 }

@@ -81,6 +81,8 @@ fn bad_flags_and_files() {
         "invalid value 'fast' for '--modes <MODES>'",
     );
     fails_with(&["bench", "--peer", "vllm"], "[possible values: llama.cpp]");
+    // Checked before anything is measured.
+    fails_with(&["bench", "--plot", "speed.jpg"], "ending in .png");
     fails_with(
         &["generate", "--input-target", "0.99"],
         "'0.99' for '--input-target",
