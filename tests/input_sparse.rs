@@ -1,8 +1,8 @@
 //! `InputSparseFfn` against dense references: on GGUF blocks, the FFN over masked inputs is the
 //! dense `QLinear` FFN over the same masked inputs bit for bit (every threshold 0: the dense FFN
 //! itself), on every tier and thread count, with each matrix by column or as packed rows (whose
-//! input is never masked); float storage against candle's dense FFN on masked
-//! inputs; the rule, calibration, byte accounting and bad input.
+//! input is never masked); float storage, by column or row-major, against candle's dense FFN on
+//! masked inputs; the rule, calibration, byte accounting and bad input.
 
 mod common;
 
@@ -11,8 +11,8 @@ use candle_core::{Device, Tensor};
 use common::*;
 use powerinfer::layout::Layout;
 use powerinfer::{
-    cpu::ColumnStorage, cpu::SimdLevel, dense_reference, layers::QLinear, Activation, FfnSpec,
-    FfnWeights, InputScore, InputSparseFfn, InputThresholds,
+    cpu::ColumnStorage, cpu::SimdLevel, layers::QLinear, Activation, FfnSpec, FfnWeights,
+    InputScore, InputSparseFfn, InputThresholds,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
@@ -148,25 +148,97 @@ proptest! {
     #[test]
     fn float_ffn_matches_candle_on_masked_inputs(
         h in 1usize..70, n in 1usize..90, storage in 0usize..3, rows in 1usize..4,
-        t in 0.0f32..0.6, threads in 1usize..3, seed in any::<u64>(),
+        t in 0.0f32..0.6, td in 0.0f32..0.05, threads in 1usize..3, seed in any::<u64>(),
+        rows_mask in 0usize..8, masked_rows in any::<bool>(),
     ) {
-        let spec = FfnSpec::gated(h, n, Activation::Silu).unwrap();
-        let w = Weights::random(&spec, seed);
         let st = [ColumnStorage::F32, ColumnStorage::F16, ColumnStorage::BF16][storage];
-        let mut f = InputSparseFfn::from_weights(spec, w.view(), st, threads, None).unwrap();
-        f.set_rule(InputScore::Magnitude, InputThresholds { gate: t, up: t, down: 0.0 }).unwrap();
-        let mut rng = StdRng::seed_from_u64(seed ^ 1);
-        let x = flat(&tensor(&mut rng, &[rows, h], 1.0));
-        let mut out = vec![0f32; rows * h];
-        f.forward_f32(&x, rows, &mut out).unwrap();
-        // Reference: candle's dense FFN in f32 on the stored (rounded) weights, masked input.
-        let round = |t: &Tensor| t.to_dtype(st_dtype(st)).unwrap().to_dtype(candle_core::DType::F32).unwrap();
-        let (g, u, d) = (round(w.gate.as_ref().unwrap()), round(&w.up), round(&w.down));
-        let xm = Tensor::from_vec(mask(&x, None, t), (rows, h), &Device::Cpu).unwrap();
-        let want = dense_reference(&xm, &spec, FfnWeights::gated(&g, &u, &d)).unwrap();
-        let got = Tensor::from_vec(out, (rows, h), &Device::Cpu).unwrap();
-        let e = rel_err(&got, &want);
-        prop_assert!(e <= 1e-4, "{st:?}: rel err {e}");
+        check_float(h, n, st, rows, [t, t, td], threads, seed, layouts(rows_mask), masked_rows);
+    }
+}
+
+/// Float storage in `lay` (each matrix by column or row-major) against candle's dense FFN in
+/// f32 on the stored (rounded) weights, each product's input masked unless its matrix is
+/// unmasked rows.
+#[allow(clippy::too_many_arguments)]
+fn check_float(
+    h: usize,
+    n: usize,
+    st: ColumnStorage,
+    rows: usize,
+    t: [f32; 3],
+    threads: usize,
+    seed: u64,
+    lay: [Layout; 3],
+    masked_rows: bool,
+) {
+    use candle_core::DType;
+    let spec = FfnSpec::gated(h, n, Activation::Silu).unwrap();
+    let w = Weights::random(&spec, seed);
+    let mut f = InputSparseFfn::from_weights_as(spec, w.view(), st, threads, None, lay).unwrap();
+    assert_eq!(f.layouts(), lay);
+    let th = InputThresholds {
+        gate: t[0],
+        up: t[1],
+        down: t[2],
+    };
+    f.set_rule(InputScore::Magnitude, th).unwrap();
+    f.mask_rows(masked_rows);
+    let mut rng = StdRng::seed_from_u64(seed ^ 1);
+    let x = flat(&tensor(&mut rng, &[rows, h], 1.0));
+    let mut out = vec![0f32; rows * h];
+    f.forward_f32(&x, rows, &mut out).unwrap();
+    let round = |t: &Tensor| {
+        t.to_dtype(st_dtype(st))
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    };
+    let (g, u, d) = (
+        round(w.gate.as_ref().unwrap()),
+        round(&w.up),
+        round(&w.down),
+    );
+    let masks = |i: usize| lay[i] == Layout::Columns || masked_rows;
+    let input = |v: &[f32], i: usize, cols: usize| {
+        let v = if masks(i) {
+            mask(v, None, t[i])
+        } else {
+            v.to_vec()
+        };
+        Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+    };
+    let mm = |a: &Tensor, w: &Tensor| a.matmul(&w.t().unwrap()).unwrap();
+    let hv = (candle_nn::ops::silu(&mm(&input(&x, 0, h), &g)).unwrap() * mm(&input(&x, 1, h), &u))
+        .unwrap();
+    let want = mm(&input(&flat(&hv), 2, n), &d);
+    let got = Tensor::from_vec(out, (rows, h), &Device::Cpu).unwrap();
+    let e = rel_err(&got, &want);
+    assert!(
+        e <= 1e-4,
+        "{st:?} {h}x{n}, {rows} rows, {threads} threads, {lay:?}, masked {masked_rows}: rel err {e}"
+    );
+}
+
+/// Float storage at the kernels' edges: sizes 1, odd, the four-row step and the SIMD widths
+/// (8 and 16 lanes) plus and minus one, each matrix by column and row-major.
+#[test]
+fn float_edge_shapes() {
+    let sizes = [
+        (1, 1),
+        (1, 17),
+        (15, 16),
+        (16, 17),
+        (17, 15),
+        (7, 9),
+        (33, 65),
+    ];
+    for (i, (h, n)) in sizes.into_iter().enumerate() {
+        for st in [ColumnStorage::F32, ColumnStorage::F16, ColumnStorage::BF16] {
+            for (m, masked) in [(0, false), (0b111, false), (0b101, true), (0b010, false)] {
+                let t = [0.3, 0.2, 0.01];
+                check_float(h, n, st, 3, t, 1 + i % 3, i as u64, layouts(m), masked);
+            }
+        }
     }
 }
 
@@ -237,18 +309,20 @@ fn prompt_rows_are_each_row_alone() {
         view.gate_bias = gated.then_some(&bg);
         view.up_bias = Some(&bu);
         view.down_bias = Some(&bd);
-        let mut f = InputSparseFfn::from_weights(spec, view, st, 2, None).unwrap();
-        f.set_rule(
-            InputScore::Magnitude,
-            InputThresholds {
-                gate: 0.3,
-                up: 0.3,
-                down: 0.02,
-            },
-        )
-        .unwrap();
-        let x = flat(&tensor(&mut rng, &[9, 70], 1.0));
-        check(&f, &x, 9, &format!("{st:?} gated {gated}"));
+        for lay in [[Layout::Columns; 3], [Layout::Rows; 3]] {
+            let mut f = InputSparseFfn::from_weights_as(spec, view, st, 2, None, lay).unwrap();
+            f.set_rule(
+                InputScore::Magnitude,
+                InputThresholds {
+                    gate: 0.3,
+                    up: 0.3,
+                    down: 0.02,
+                },
+            )
+            .unwrap();
+            let x = flat(&tensor(&mut rng, &[9, 70], 1.0));
+            check(&f, &x, 9, &format!("{st:?} gated {gated} {lay:?}"));
+        }
     }
 }
 
@@ -481,6 +555,49 @@ fn var_builder_load_is_from_weights() {
             "{err}"
         );
     }
+    // The default options (every threshold 0) store each matrix row-major, read by the dense
+    // row kernels; asked for, by column; with a threshold, that matrix by column.
+    let spec = FfnSpec::gated(40, 72, Activation::Silu).unwrap();
+    let w = Weights::random(&spec, 4);
+    let m = HashMap::from([
+        ("gate_proj.weight".to_string(), w.gate.clone().unwrap()),
+        ("up_proj.weight".to_string(), w.up.clone()),
+        ("down_proj.weight".to_string(), w.down.clone()),
+    ]);
+    let vb = VarBuilder::from_tensors(m, DType::F32, &Device::Cpu);
+    let load = |opts| InputSparseFfn::load(Activation::Silu, vb.clone(), opts).unwrap();
+    let rows = load(InputSparseOptions::default());
+    assert_eq!(rows.layouts(), [Layout::Rows; 3]);
+    let columns = load(InputSparseOptions {
+        layouts: Some([Layout::Columns; 3]),
+        ..Default::default()
+    });
+    assert_eq!(columns.layouts(), [Layout::Columns; 3]);
+    let down = load(InputSparseOptions {
+        thresholds: InputThresholds {
+            down: 0.1,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    assert_eq!(
+        down.layouts(),
+        [Layout::Rows, Layout::Rows, Layout::Columns]
+    );
+    let x = flat(&tensor(&mut rng, &[2, 40], 1.0));
+    let (mut a, mut b) = (vec![0f32; 80], vec![0f32; 80]);
+    rows.forward_f32(&x, 2, &mut a).unwrap();
+    columns.forward_f32(&x, 2, &mut b).unwrap();
+    let (a, b) = (
+        Tensor::from_vec(a, (2, 40), &Device::Cpu).unwrap(),
+        Tensor::from_vec(b, (2, 40), &Device::Cpu).unwrap(),
+    );
+    assert!(
+        rel_err(&a, &b) <= 1e-5,
+        "rows against columns: {}",
+        rel_err(&a, &b)
+    );
+
     let vb = VarBuilder::from_tensors(HashMap::new(), DType::U32, &Device::Cpu);
     let err = InputSparseFfn::load(Activation::Silu, vb, InputSparseOptions::default());
     assert!(err.unwrap_err().to_string().contains("VarBuilder dtype"));

@@ -4,8 +4,9 @@
 #   2. mistralrs-core 0.8.1 patched by patch/apply.sh (checksum-checked);
 #   3. greedy output of unpatched mistral.rs (baseline/) = the patched build's dense MLP, on the
 #      GGUF file and on its f32 HF conversion; on the f32 checkpoint the sparse FFN computing every
-#      neuron gives the same tokens too (on the GGUF file its Q8_0 down rows drift after some
-#      tokens: at least 8 must match); on the GGUF file the input-sparse FFN keeping every input
+#      neuron and the input-sparse FFN keeping every input (row-major f32) give the same tokens
+#      too (on the GGUF file every neuron's Q8_0 down rows drift after some tokens: at least 8
+#      must match); on the GGUF file the input-sparse FFN keeping every input
 #      gives the dense MLP's tokens exactly; the artifact's trained predictors generate text and
 #      report their realized sparsity; the artifact's input rule runs through mistral.rs's bench;
 #      on Qwen2.5-Coder-0.5B (qwen2 GGUF) the input-sparse FFN keeping every input gives the dense
@@ -14,7 +15,10 @@
 #   5. mistral.rs's OpenAI server answers /v1/chat/completions on loopback with the sparse FFN,
 #      and sixteen different requests sent from eight clients at once get the answers they get
 #      alone, or part from them only at a near-tie (the default sparse FFN batched 4 at a time;
-#      the trained predictors one at a time).
+#      the trained predictors one at a time);
+#   6. mistral.rs's own CLI (mistralrs-cli 0.8.1, built with the patched core by this workspace)
+#      serves one chat request with the feature on (`MISTRALRS_POWERINFER=input mistralrs serve`)
+#      and gives the answer the dense MLP gives.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -38,15 +42,16 @@ model="${POWERINFER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/powerinfer}/models/Sm
 step "patch mistralrs-core"
 "$here/patch/apply.sh"
 
-step "build unpatched mistral.rs (baseline) and the example"
+step "build unpatched mistral.rs (baseline), the example and mistral.rs's own CLI"
 (cd "$here/baseline" && cargo build --release --locked)
-(cd "$here" && cargo build --release --locked)
+# The whole workspace at once: the example and `mistralrs` share one build of the patched core.
+(cd "$here" && cargo build --release --locked --workspace)
 
 bin="$CARGO_TARGET_DIR/release"
-step "greedy, f32 HF checkpoint: unpatched mistral.rs = dense MLP = every neuron"
+step "greedy, f32 HF checkpoint: unpatched mistral.rs = dense MLP = every neuron = every input"
 "$bin/powerinfer-mistralrs-baseline" "$work/smollm2-hf" 48 > "$work/baseline-hf.jsonl"
 "$bin/powerinfer-mistralrs" compare --model "$work/smollm2-hf" --max-tokens 48 \
-    --baseline "$work/baseline-hf.jsonl" --strict
+    --baseline "$work/baseline-hf.jsonl" --strict --strict-input
 
 step "greedy, GGUF: unpatched mistral.rs = dense MLP; every neuron; the artifact's predictors"
 "$bin/powerinfer-mistralrs-baseline" "$model" 48 > "$work/baseline.jsonl"
@@ -79,3 +84,38 @@ step "OpenAI-compatible server on loopback: 4 requests at a time; the predictors
 "$bin/powerinfer-mistralrs" serve --model "$model" --port 0 --check --concurrent-requests 4
 "$bin/powerinfer-mistralrs" serve --model "$model" --port 0 --check --concurrent-requests 1 \
     --powerinfer "predictors:$work/smollm2.powerinfer"
+
+step "mistral.rs's own server (\`mistralrs serve\` of mistralrs-cli 0.8.1) with the feature on"
+# One greedy chat request through the OpenAI endpoint, with the feature (`input`, every input kept:
+# the dense MLP's result) and without it: the answers must be equal and not empty, and the log
+# must say the sparse FFN was on.
+chat() { # chat PORT: the answer's text
+    curl -sf "http://127.0.0.1:$1/v1/chat/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"default","messages":[{"role":"user","content":"Name three colours."}],"max_tokens":24,"temperature":0}' |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["message"]["content"])'
+}
+serve() { # serve LOG [ENV=V...]: starts `mistralrs serve` on a free port; prints the port
+    local log=$1 port; shift
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    env "$@" "$bin/mistralrs" serve -p "$port" --host 127.0.0.1 --cpu -m "$(dirname "$model")" --format gguf \
+        -f "$(basename "$model")" > "$log" 2>&1 &
+    echo "$!" > "$log.pid"
+    for _ in $(seq 240); do
+        curl -sf "http://127.0.0.1:$port/v1/models" > /dev/null 2>&1 && { echo "$port"; return; }
+        kill -0 "$(cat "$log.pid")" 2>/dev/null || break
+        sleep 0.5
+    done
+    echo "error: mistralrs serve did not come up; its log:" >&2; tail -n 30 "$log" >&2; exit 1
+}
+stop() { kill "$(cat "$1.pid")" 2>/dev/null || true; wait "$(cat "$1.pid")" 2>/dev/null || true; }
+port=$(serve "$work/cli-sparse.log" MISTRALRS_POWERINFER=input RUST_LOG=info)
+sparse=$(chat "$port"); stop "$work/cli-sparse.log"
+grep -q "powerinfer: sparse FFN on" "$work/cli-sparse.log" || {
+    echo "error: mistralrs serve did not turn the sparse FFN on; its log:" >&2
+    tail -n 30 "$work/cli-sparse.log" >&2; exit 1; }
+port=$(serve "$work/cli-dense.log" MISTRALRS_POWERINFER=)
+dense=$(chat "$port"); stop "$work/cli-dense.log"
+echo "with the feature: $sparse"
+echo "dense MLP:        $dense"
+[ -n "$sparse" ] && [ "$sparse" = "$dense" ] || {
+    echo "error: mistralrs serve answered differently with the feature on" >&2; exit 1; }

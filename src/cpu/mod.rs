@@ -14,6 +14,7 @@ mod bundles;
 mod colblocks;
 mod columns;
 mod dense_pass;
+mod float_rows;
 mod heap;
 mod kernels;
 #[cfg(target_arch = "aarch64")]
@@ -35,6 +36,7 @@ pub use colblocks::{ActiveChannels, ColumnBlocks, SLAB_ROWS, UNIT_ROWS};
 pub(crate) use columns::product as column_product;
 pub use columns::{ActiveColumns, ColumnMatrix, ColumnStorage, CHUNK};
 pub(crate) use dense_pass::{DensePass, NeuronRow};
+pub use float_rows::FloatRows;
 pub use kernels::{Kernels, SimdLevel, SIMD_LEVEL_ENV};
 
 /// Asks the CPU to start loading `s` into cache (a hint: never faults, no effect elsewhere).

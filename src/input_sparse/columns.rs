@@ -19,7 +19,7 @@ use candle_core::quantized::QTensor;
 
 use crate::cpu::{
     dequantize_blocks, gemm, ActiveChannels, ActiveColumns, BlockKind, ColumnBlocks, ColumnMatrix,
-    Kernels, PackedRows, Pool, QuantizedRow, CHUNK, PACK, SLAB_ROWS,
+    FloatRows, Kernels, PackedRows, Pool, QuantizedRow, CHUNK, PACK, SLAB_ROWS,
 };
 use crate::error::{Error, Result};
 
@@ -44,6 +44,9 @@ pub(super) enum Columns {
         norms: Vec<f32>,
         masked: bool,
     },
+    /// Float weights row-major ([`Layout::Rows`]), read whole by the four-row dot kernels;
+    /// `masked` as for [`Columns::Rows`].
+    FloatRows { m: FloatRows, masked: bool },
 }
 
 /// How one GGUF matrix of an input-sparse layer is stored, and so what its products read.
@@ -72,6 +75,7 @@ impl std::fmt::Debug for Columns {
             Columns::Blocks { m, .. } => write!(f, "{} blocks", m.kind()),
             Columns::Matrix(m) => write!(f, "{:?}", m.storage()),
             Columns::Rows { m, .. } => write!(f, "{} rows", m.kind()),
+            Columns::FloatRows { m, .. } => write!(f, "{:?} rows", m.storage()),
         }
     }
 }
@@ -127,12 +131,15 @@ impl Columns {
     /// Whether products take the masked input: always by column, as rows only when
     /// [`Columns::set_masked`] says so.
     pub(super) fn reads_mask(&self) -> bool {
-        !matches!(self, Columns::Rows { masked: false, .. })
+        !matches!(
+            self,
+            Columns::Rows { masked: false, .. } | Columns::FloatRows { masked: false, .. }
+        )
     }
 
     /// Rows: whether their input is masked (nothing for the column layouts, always masked).
     pub(super) fn set_masked(&mut self, on: bool) {
-        if let Columns::Rows { masked, .. } = self {
+        if let Columns::Rows { masked, .. } | Columns::FloatRows { masked, .. } = self {
             *masked = on;
         }
     }
@@ -140,7 +147,7 @@ impl Columns {
     /// How the matrix is stored.
     pub(super) fn layout(&self) -> Layout {
         match self {
-            Columns::Rows { .. } => Layout::Rows,
+            Columns::Rows { .. } | Columns::FloatRows { .. } => Layout::Rows,
             _ => Layout::Columns,
         }
     }
@@ -189,6 +196,7 @@ impl Columns {
             Columns::Blocks { m, .. } => m.rows(),
             Columns::Matrix(m) => m.rows(),
             Columns::Rows { m, .. } => m.rows(),
+            Columns::FloatRows { m, .. } => m.rows(),
         }
     }
 
@@ -197,6 +205,7 @@ impl Columns {
             Columns::Blocks { m, .. } => m.cols(),
             Columns::Matrix(m) => m.cols(),
             Columns::Rows { m, .. } => m.cols(),
+            Columns::FloatRows { m, .. } => m.cols(),
         }
     }
 
@@ -212,6 +221,7 @@ impl Columns {
             Columns::Blocks { m, .. } => crate::cpu::evict_share(m.data(), t, n),
             Columns::Rows { m, .. } => crate::cpu::evict_share(m.data(), t, n),
             Columns::Matrix(m) => m.evict_share(t, n),
+            Columns::FloatRows { m, .. } => m.evict_share(t, n),
         }
     }
 
@@ -221,6 +231,7 @@ impl Columns {
             Columns::Blocks { m, .. } => m.bytes(),
             Columns::Matrix(m) => m.bytes(),
             Columns::Rows { m, .. } => m.bytes(),
+            Columns::FloatRows { m, .. } => m.bytes(),
         }
     }
 
@@ -229,6 +240,7 @@ impl Columns {
         match self {
             Columns::Blocks { norms, .. } | Columns::Rows { norms, .. } => norms,
             Columns::Matrix(m) => m.column_norms(),
+            Columns::FloatRows { m, .. } => m.column_norms(),
         }
     }
 
@@ -237,7 +249,7 @@ impl Columns {
         match self {
             Columns::Blocks { m, .. } => Some(m.kind()),
             Columns::Rows { m, .. } => Some(m.kind()),
-            Columns::Matrix(_) => None,
+            Columns::Matrix(_) | Columns::FloatRows { .. } => None,
         }
     }
 
@@ -264,6 +276,7 @@ impl Columns {
             Columns::Blocks { m, .. } => m.bytes_read(channels),
             Columns::Matrix(m) => m.bytes_read(columns.columns().len(), columns.blocks()),
             Columns::Rows { m, .. } => m.bytes(),
+            Columns::FloatRows { m, .. } => m.bytes(),
         }
     }
 
@@ -273,6 +286,7 @@ impl Columns {
             Columns::Blocks { m, .. } => m.bytes(),
             Columns::Matrix(m) => m.bytes_read(m.cols(), m.cols().div_ceil(crate::cpu::QK)),
             Columns::Rows { m, .. } => m.bytes(),
+            Columns::FloatRows { m, .. } => m.bytes(),
         }
     }
 
@@ -293,6 +307,7 @@ impl Columns {
                 let groups = chunks.start * per..chunks.end * per;
                 gemm(k, m, groups, std::slice::from_ref(&x.q), out);
             }
+            Columns::FloatRows { m, .. } => m.product(k, chunks, &x.x, out),
         }
     }
 
@@ -326,6 +341,7 @@ impl Columns {
                 }
             }
             Columns::Rows { m, .. } => rows_product(k, m, chunks, &xs.q[..n], out),
+            Columns::FloatRows { m, .. } => m.product_rows(k, chunks, &xs.x, n, out),
         }
     }
 }
@@ -451,7 +467,7 @@ fn quantize_row(m: &Columns, x: &[f32], q: &mut QuantizedRow) {
             }
         }
         Columns::Matrix(m) if m.quant().is_some() => q.quantize_values(x),
-        Columns::Matrix(_) => {}
+        Columns::Matrix(_) | Columns::FloatRows { .. } => {}
         Columns::Rows { m, .. } => q.quantize_for(x, m.kind().inputs()),
     }
 }
@@ -469,7 +485,7 @@ fn active_of(
         Columns::Blocks { m, .. } => channels.of(m.kind(), q),
         Columns::Matrix(m) if m.quant().is_some() => columns.of_quantized(q),
         Columns::Matrix(_) => columns.of_f32(x),
-        Columns::Rows { .. } => {}
+        Columns::Rows { .. } | Columns::FloatRows { .. } => {}
     }
 }
 

@@ -21,7 +21,9 @@ use candle_core::quantized::QTensor;
 use candle_core::{DType, Module, Tensor};
 
 use crate::analysis::Histogram;
-use crate::cpu::{ColumnMatrix, ColumnStorage, Kernels, PackedRows, Pool, SimdLevel, CHUNK};
+use crate::cpu::{
+    ColumnMatrix, ColumnStorage, FloatRows, Kernels, PackedRows, Pool, SimdLevel, CHUNK,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffn::{FfnSpec, FfnWeights};
 use crate::tensor_io::{check_f32_rows, forward_tensor};
@@ -63,7 +65,8 @@ struct Scratch {
     traffic: WeightTraffic,
 }
 
-/// How [`InputSparseFfn::load`] builds the FFN: threads, SIMD level and the rule it starts with.
+/// How [`InputSparseFfn::load`] builds the FFN: threads, SIMD level, the rule it starts with and
+/// how the matrices are stored.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct InputSparseOptions {
     /// Threads of the FFN's pool (the calling thread included). Default: every core.
@@ -75,6 +78,13 @@ pub struct InputSparseOptions {
     /// The thresholds (default all 0: every nonzero entry kept, the dense result). Calibrate
     /// them with [`InputSparseFfn::record_scores`] and [`InputScores::thresholds`].
     pub thresholds: InputThresholds,
+    /// How gate, up and down are stored. `None` (the default): a matrix whose threshold in
+    /// `thresholds` is 0 (nothing to skip) is [`Layout::Rows`], read by the dense row kernels,
+    /// and the others by column. So the swap with the default options is a dense FFN on our
+    /// kernels; to calibrate a rule after loading (a later [`InputSparseFfn::set_rule`] does not
+    /// change layouts, and a matrix stored as rows ignores its threshold), ask for
+    /// `Some([Layout::Columns; 3])`.
+    pub layouts: Option<[Layout; 3]>,
 }
 
 impl Default for InputSparseOptions {
@@ -84,6 +94,7 @@ impl Default for InputSparseOptions {
             simd_level: None,
             score: InputScore::default(),
             thresholds: InputThresholds::default(),
+            layouts: None,
         }
     }
 }
@@ -123,13 +134,14 @@ impl std::fmt::Debug for InputSparseFfn {
     }
 }
 
-/// A float tensor `[rows, cols]` as a column matrix in `storage`.
+/// A float tensor `[rows, cols]` in `storage`, by column or as rows.
 fn fcolumns(
     t: &Tensor,
     name: &str,
     rows: usize,
     cols: usize,
     storage: ColumnStorage,
+    layout: Layout,
 ) -> Result<Columns> {
     if t.dims() != [rows, cols] {
         return Err(Error::shape(name, &[Some(rows), Some(cols)], t.dims()));
@@ -145,9 +157,15 @@ fn fcolumns(
         }
     }
     let w = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-    ColumnMatrix::from_f32(storage, rows, cols, &w)
-        .map(Columns::Matrix)
-        .map_err(|e| Error::config(name, e.to_string()))
+    let named = |e: Error| Error::config(name, e.to_string());
+    match layout {
+        Layout::Columns => ColumnMatrix::from_f32(storage, rows, cols, &w)
+            .map(Columns::Matrix)
+            .map_err(named),
+        Layout::Rows => FloatRows::from_f32(storage, rows, cols, &w)
+            .map(|m| Columns::FloatRows { m, masked: false })
+            .map_err(named),
+    }
 }
 
 /// The kernel table for `tier` (`None`: detected), `threads` checked first.
@@ -296,7 +314,7 @@ impl InputSparseFfn {
     }
 
     /// The FFN on float weights (`[out, in]` tensors, f32/f16/bf16, with optional biases),
-    /// stored as `storage` (f32, f16 or bf16).
+    /// stored by column as `storage` (f32, f16 or bf16).
     pub fn from_weights(
         spec: FfnSpec,
         w: FfnWeights<'_>,
@@ -304,13 +322,29 @@ impl InputSparseFfn {
         threads: usize,
         tier: Option<SimdLevel>,
     ) -> Result<Self> {
+        let layouts = [Layout::Columns; 3];
+        Self::from_weights_as(spec, w, storage, threads, tier, layouts)
+    }
+
+    /// [`InputSparseFfn::from_weights`] with gate, up and down in `layouts`: a matrix stored as
+    /// [`Layout::Rows`] is kept row-major and read whole by the dense row kernels, over its
+    /// unmasked input whatever its threshold (gate's entry is unused when ungated).
+    pub fn from_weights_as(
+        spec: FfnSpec,
+        w: FfnWeights<'_>,
+        storage: ColumnStorage,
+        threads: usize,
+        tier: Option<SimdLevel>,
+        layouts: [Layout; 3],
+    ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
+        let [lg, lu, ld] = layouts;
         let gate = w
             .gate
-            .map(|g| fcolumns(g, "gate_proj.weight", n, h, storage))
+            .map(|g| fcolumns(g, "gate_proj.weight", n, h, storage, lg))
             .transpose()?;
-        let up = Up::Columns(fcolumns(w.up, "up_proj.weight", n, h, storage)?);
-        let down = fcolumns(w.down, "down_proj.weight", h, n, storage)?;
+        let up = Up::Columns(fcolumns(w.up, "up_proj.weight", n, h, storage, lu)?);
+        let down = fcolumns(w.down, "down_proj.weight", h, n, storage, ld)?;
         let mut f = Self::build(spec, gate, up, down, threads, kernels(threads, tier)?)?;
         f.gate_bias = bias(w.gate_bias, "gate_proj.bias", n)?;
         f.up_bias = bias(w.up_bias, "up_proj.bias", n)?;
@@ -321,8 +355,9 @@ impl InputSparseFfn {
     /// The FFN of a candle-transformers MLP, read from its `VarBuilder` as
     /// [`crate::HybridFfn::load`] reads it (`gate_proj`/`up_proj`/`down_proj`, `up_proj`/
     /// `down_proj` or `fc1`/`fc2`, optional biases; sizes and gating from the weights), stored
-    /// column-major in the `VarBuilder`'s dtype (f32, f16 or bf16), with `opts`' rule. The swap
-    /// in a model's layer is one line: `mlp: InputSparseFfn::load(act, vb.pp("mlp"), opts)?`.
+    /// in the `VarBuilder`'s dtype (f32, f16 or bf16) and `opts`' layouts, with `opts`' rule. The
+    /// swap in a model's layer is one line: `mlp: InputSparseFfn::load(act, vb.pp("mlp"), opts)?`;
+    /// with the default options it computes candle's dense MLP on our row kernels.
     pub fn load(
         activation: crate::Activation,
         vb: candle_nn::VarBuilder,
@@ -337,8 +372,20 @@ impl InputSparseFfn {
                 return Err(ErrorKind::DType { tensor, got }.into());
             }
         };
+        let t = opts.thresholds;
+        let by_threshold = |t: f32| {
+            if t == 0.0 {
+                Layout::Rows
+            } else {
+                Layout::Columns
+            }
+        };
+        let layouts = opts
+            .layouts
+            .unwrap_or([t.gate, t.up, t.down].map(by_threshold));
         crate::ffn::with_mlp_tensors(activation, &vb, |spec, weights| {
-            let mut f = Self::from_weights(spec, weights, storage, opts.threads, opts.simd_level)?;
+            let (threads, tier) = (opts.threads, opts.simd_level);
+            let mut f = Self::from_weights_as(spec, weights, storage, threads, tier, layouts)?;
             f.set_rule(opts.score, opts.thresholds)?;
             Ok(f)
         })

@@ -172,6 +172,23 @@ impl LayoutPlanner {
         })
     }
 
+    /// The fractions of gate's, up's and down's inputs the rule is expected to drop.
+    pub fn expected_drop(&self) -> [f64; 3] {
+        self.drop
+    }
+
+    /// The layouts of float weights under this planner's expectation, untimed: by column where
+    /// some inputs are expected to be dropped, row-major where none are (nothing to skip).
+    pub fn float_layouts(&self) -> [Layout; 3] {
+        self.drop.map(|d| {
+            if d > 0.0 {
+                Layout::Columns
+            } else {
+                Layout::Rows
+            }
+        })
+    }
+
     /// The decisions so far, in the order they were made.
     pub fn decisions(&self) -> Vec<LayoutDecision> {
         self.lock().clone()
@@ -202,6 +219,28 @@ impl LayoutPlanner {
         let layout = d.layout;
         self.lock().push(d);
         Ok(layout)
+    }
+
+    /// The layouts of one layer of `spec`'s shape: gate (`None` when ungated: the column
+    /// layout, unused), up and down, each [`LayoutPlanner::layout`], in the order
+    /// [`crate::InputSparseFfn::from_qtensors_as`] takes them.
+    pub fn ffn_layouts(
+        &self,
+        spec: &crate::FfnSpec,
+        gate: Option<&QTensor>,
+        up: &QTensor,
+        down: &QTensor,
+    ) -> Result<[Layout; 3]> {
+        let (h, n) = (spec.hidden, spec.intermediate);
+        let gate = match gate {
+            Some(g) => self.layout(FfnMatrix::Gate, g, n, h)?,
+            None => Layout::Columns,
+        };
+        Ok([
+            gate,
+            self.layout(FfnMatrix::Up, up, n, h)?,
+            self.layout(FfnMatrix::Down, down, h, n)?,
+        ])
     }
 
     fn measure(

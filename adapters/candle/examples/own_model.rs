@@ -10,16 +10,19 @@
 //!
 //! It runs SmolLM2-135M-Instruct (fetched into the cache on first use; the GGUF file's tensors are
 //! dequantized to f32 under HF names, as a safetensors checkpoint would give them) three ways:
-//! candle's dense MLP, the input-sparse FFN keeping every input (the dense result), and the same
-//! FFN after calibrating TEAL's rule on a speech (`record_scores`, `InputScores::thresholds`,
-//! `set_rule`). Run: `cargo run --release -p powerinfer-candle --example own_model`. The test
-//! command runs its test (`[[example]] test = true`).
+//! candle's dense MLP; the swap with the default options (every input kept, each matrix
+//! row-major on our dense kernels: the dense result); and the FFN stored by column
+//! (`layouts: Some([Layout::Columns; 3])`) after calibrating TEAL's rule on a speech
+//! (`record_scores`, `InputScores::thresholds`, `set_rule`). It prints each one's greedy text and
+//! the time its MLPs took. Run: `cargo run --release -p powerinfer-candle --example own_model`.
+//! The test command runs its test (`[[example]] test = true`).
 
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{embedding, linear_no_bias, rms_norm, Embedding, Linear, RmsNorm, VarBuilder};
 use powerinfer::{
-    input_rule::split_target, Activation, InputScore, InputSparseFfn, InputSparseOptions,
+    input_rule::split_target, layout::Layout, Activation, InputScore, InputSparseFfn,
+    InputSparseOptions,
 };
 use powerinfer::{InputScores, WeightTraffic};
 
@@ -67,8 +70,21 @@ struct Layer {
     mlp: Mlp,
 }
 
+/// Which MLP a model's layers take.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// candle's dense MLP.
+    Dense,
+    /// `InputSparseFfn::load` with the default options.
+    Swap,
+    /// `InputSparseFfn::load` by column, for a rule calibrated after loading.
+    Columns,
+}
+
 struct Model {
     cfg: Config,
+    /// Time spent in the MLPs since the last `take_mlp_time`.
+    mlp_time: std::cell::Cell<std::time::Duration>,
     embed: Embedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
@@ -78,7 +94,7 @@ struct Model {
 }
 
 impl Model {
-    fn load(cfg: Config, vb: VarBuilder, sparse: bool) -> std::result::Result<Self, Error> {
+    fn load(cfg: Config, vb: VarBuilder, kind: Kind) -> std::result::Result<Self, Error> {
         let (h, hd) = (cfg.hidden, cfg.hidden / cfg.heads);
         let m = vb.pp("model");
         let embed = embedding(cfg.vocab, h, m.pp("embed_tokens"))?;
@@ -86,10 +102,11 @@ impl Model {
         for l in 0..cfg.layers {
             let p = m.pp(format!("layers.{l}"));
             let a = p.pp("self_attn");
-            let mlp = if sparse {
+            let mlp = if kind != Kind::Dense {
                 // The swap: the MLP's three tensors become one input-sparse FFN.
                 let opts = InputSparseOptions {
                     threads: 2,
+                    layouts: (kind == Kind::Columns).then_some([Layout::Columns; 3]),
                     ..Default::default()
                 };
                 Mlp::Sparse(Box::new(InputSparseFfn::load(
@@ -127,6 +144,7 @@ impl Model {
             .unsqueeze(1)?;
         let freqs = pos.matmul(&inv)?;
         Ok(Model {
+            mlp_time: Default::default(),
             cos: freqs.cos()?,
             sin: freqs.sin()?,
             cfg,
@@ -180,10 +198,19 @@ impl Model {
             let y = candle_nn::ops::softmax_last_dim(&att)?.matmul(&v)?;
             let y = y.transpose(1, 2)?.reshape((1, t, heads * hd))?;
             x = (x + l.o.forward(&y)?)?;
-            x = (&x + l.mlp.forward(&l.ffn_norm.forward(&x)?)?)?;
+            let h = l.ffn_norm.forward(&x)?;
+            let t = std::time::Instant::now();
+            let y = l.mlp.forward(&h)?;
+            self.mlp_time.set(self.mlp_time.get() + t.elapsed());
+            x = (&x + y)?;
         }
         let last = self.norm.forward(&x.narrow(1, t - 1, 1)?)?;
         self.head.forward(&last)?.flatten_all()
+    }
+
+    /// The MLPs' time since the last call, in ms.
+    fn take_mlp_ms(&self) -> f64 {
+        self.mlp_time.take().as_secs_f64() * 1e3
     }
 
     /// Greedy continuation of `prompt` by `n` tokens.
@@ -295,13 +322,15 @@ fn smollm2() -> std::result::Result<
     ))
 }
 
-/// What a run shows: the three continuations and what the calibrated rule skipped.
+/// What a run shows: the three continuations, what the calibrated rule skipped and each one's
+/// MLP time over its greedy steps (ms).
 struct Run {
     dense: Vec<u32>,
     every_input: Vec<u32>,
     every_input_max_diff: f32,
     calibrated: Vec<u32>,
     skipped: f64,
+    ms: [f64; 3],
 }
 
 fn run(
@@ -309,14 +338,23 @@ fn run(
     tokens: usize,
 ) -> std::result::Result<(Run, powerinfer_candle::TextTokenizer), Error> {
     let (cfg, vb, tok) = smollm2()?;
-    let dense = Model::load(cfg, vb.clone(), false)?;
-    let mut sparse = Model::load(cfg, vb, true)?;
+    let dense = Model::load(cfg, vb.clone(), Kind::Dense)?;
+    let swap = Model::load(cfg, vb.clone(), Kind::Swap)?;
+    let mut sparse = Model::load(cfg, vb, Kind::Columns)?;
     let ids = tok.encode_sequence(prompt)?;
-    let diff = (dense.forward(&ids)? - sparse.forward(&ids)?)?
+    let diff = (dense.forward(&ids)? - swap.forward(&ids)?)?
         .abs()?
         .max(D::Minus1)?
         .to_scalar::<f32>()?;
-    let (d, e) = (dense.greedy(&ids, tokens)?, sparse.greedy(&ids, tokens)?);
+    // Warm: the first pass touches every weight once (page faults, caches).
+    for m in [&dense, &swap, &sparse] {
+        m.forward(&ids)?;
+        m.take_mlp_ms();
+    }
+    let d = dense.greedy(&ids, tokens)?;
+    let dense_ms = dense.take_mlp_ms();
+    let e = swap.greedy(&ids, tokens)?;
+    let swap_ms = swap.take_mlp_ms();
     let speeches = powerinfer_data::speeches(
         &powerinfer_data::sotu(&mut |m| eprintln!("{m}"))?,
         1995..=1995,
@@ -324,7 +362,9 @@ fn run(
     let calib = tok.encode_sequence(&std::fs::read_to_string(&speeches[0])?)?;
     sparse.calibrate(&calib[..256.min(calib.len())], 0.28)?;
     sparse.traffic();
+    sparse.take_mlp_ms();
     let c = sparse.greedy(&ids, tokens)?;
+    let sparse_ms = sparse.take_mlp_ms();
     let skipped = sparse.traffic().skipped();
     let run = Run {
         dense: d,
@@ -332,23 +372,37 @@ fn run(
         every_input_max_diff: diff,
         calibrated: c,
         skipped,
+        ms: [dense_ms, swap_ms, sparse_ms],
     };
     Ok((run, tok))
 }
 
 fn main() -> std::result::Result<(), Error> {
     let prompt = "The capital of France is";
-    let (r, tok) = run(prompt, 16)?;
-    println!("candle dense MLP:        {prompt}{}", tok.decode(&r.dense)?);
+    let steps = 16;
+    let (r, tok) = run(prompt, steps)?;
     println!(
-        "input-sparse, every input: {prompt}{} (logits within {:.2e} of dense)",
+        "candle dense MLP:          {prompt}{}",
+        tok.decode(&r.dense)?
+    );
+    println!(
+        "the swap, default options: {prompt}{} (logits within {:.2e} of dense)",
         tok.decode(&r.every_input)?,
         r.every_input_max_diff
     );
     println!(
-        "input-sparse, TEAL 28%:  {prompt}{} ({:.1}% of the FFN weight bytes skipped)",
+        "by column, TEAL 28%:       {prompt}{} ({:.1}% of the FFN weight bytes skipped)",
         tok.decode(&r.calibrated)?,
         r.skipped * 100.0
+    );
+    // No KV cache here: each step runs the MLPs over the whole sequence (a prompt's batch),
+    // on 2 threads for ours and candle's thread count (RAYON_NUM_THREADS) for its own.
+    let [d, s, c] = r.ms;
+    println!(
+        "MLP time over the {steps} steps: candle {d:.1} ms, the swap {s:.1} ms ({:.2}x), by column \
+         with the rule {c:.1} ms ({:.2}x)",
+        d / s,
+        d / c
     );
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Embedding, VarBuilder};
-use powerinfer::layout::{FfnMatrix, Layout, LayoutPlanner, Layouts};
+use powerinfer::layout::{Layout, LayoutPlanner, Layouts};
 use powerinfer::{
     cpu::ColumnStorage, All, FfnSpec, FfnWeights, GateFirst, HybridFfn, HybridOptions,
     InputSparseFfn, NeuronBundles, Neurons, Sparsity, WeightDType,
@@ -496,11 +496,7 @@ fn gguf_ffn(
                 InputSparseFfn::from_qtensors_up_rows(spec, &gate, &up, &down, *threads, None)?
             } else {
                 let layouts = match planner {
-                    Some(p) => [
-                        p.layout(FfnMatrix::Gate, &gate, n, h)?,
-                        p.layout(FfnMatrix::Up, &up, n, h)?,
-                        p.layout(FfnMatrix::Down, &down, h, n)?,
-                    ],
+                    Some(p) => p.ffn_layouts(&spec, Some(&gate), &up, &down)?,
                     None => [Layout::Columns; 3],
                 };
                 let (g, t) = (Some(&gate), *threads);

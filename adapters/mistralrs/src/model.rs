@@ -79,7 +79,7 @@ pub(crate) fn skipped(cfg: &PowerInferConfig, r: &powerinfer::SparsityReport) ->
     match cfg.sparsity {
         Sparsity::Input(_) => format!(
             "{:.1}% of the FFN weight bytes skipped ({} of {} FFN matrices input-sparse by column, \
-             the rest dense packed rows)",
+             the rest row-major on the dense kernels)",
             r.ffn_bytes_skipped() * 100.0,
             r.input_columns,
             r.input_matrices,

@@ -500,18 +500,11 @@ pub(crate) fn gguf(
         powerinfer::FfnSpec::gated(h, n, powerinfer::Activation::Silu).map_err(engine_err)?;
     match &plan.config.sparsity {
         Sparsity::Input(_) => {
-            use powerinfer::layout::{FfnMatrix, Layout};
+            use powerinfer::layout::Layout;
             let layouts = match &plan.planner {
-                Some(p) => {
-                    let layout = |m: FfnMatrix, t: &QTensor, rows: usize, cols: usize| {
-                        p.layout(m, t, rows, cols).map_err(engine_err)
-                    };
-                    [
-                        layout(FfnMatrix::Gate, gate, n, h)?,
-                        layout(FfnMatrix::Up, up, n, h)?,
-                        layout(FfnMatrix::Down, down, h, n)?,
-                    ]
-                }
+                Some(p) => p
+                    .ffn_layouts(&spec, Some(gate), up, down)
+                    .map_err(engine_err)?,
                 None => [Layout::Columns; 3],
             };
             let ffn = powerinfer::InputSparseFfn::from_qtensors_as(
@@ -568,12 +561,19 @@ pub(crate) fn safetensors(
                 DType::BF16 => powerinfer::cpu::ColumnStorage::BF16,
                 _ => powerinfer::cpu::ColumnStorage::F16,
             };
-            let ffn = powerinfer::InputSparseFfn::from_weights(
+            // Row-major where the rule is expected to drop nothing (as the GGUF path's planner
+            // decides for every block type there), by column otherwise.
+            let layouts = plan
+                .planner
+                .as_ref()
+                .map_or([powerinfer::layout::Layout::Columns; 3], |p| p.float_layouts());
+            let ffn = powerinfer::InputSparseFfn::from_weights_as(
                 spec,
                 weights,
                 storage,
                 threads(&plan.config),
                 None,
+                layouts,
             )
             .map_err(engine_err)?;
             build_input(plan, layer, ffn)?
