@@ -6,8 +6,9 @@
 //!
 //! Measured on SmolLM2's FFN, one thread, every layer in turn (the candle adapter's `mlp_swap`
 //! bench): by column, f32 read at about half the read bandwidth while candle's `Linear` read at
-//! 84-88%; the four-row dot kernels reached 57-69% on f32 (the prefetch is worth a third of
-//! that), `gemm`'s product 89%. On bf16 the dot kernels read at 55-64%, candle at 27-35%.
+//! 84-88%; the four-row dot kernels reached 57-69% on f32 (the prefetch took them from 27.8 to
+//! about 20 ms a token), `gemm`'s product 89%. On bf16 the dot kernels read at 55-64%, candle at
+//! 27-35%.
 
 use std::ops::Range;
 
@@ -28,7 +29,8 @@ enum RowData {
 const LINE: usize = 64;
 
 /// Values that start on a cache line. A large `Vec` starts 16 bytes past a page, so every
-/// 64-byte load of its rows would straddle two lines (twice the L1 accesses).
+/// 64-byte load of its rows would straddle two lines; aligning made no difference that the
+/// `mlp_swap` bench could see on the machine measured, and costs one line of memory.
 #[derive(Clone)]
 struct Aligned<E> {
     buf: Vec<E>,
