@@ -41,6 +41,7 @@ mod load;
 mod model;
 mod pipeline;
 mod pwri;
+mod synthetic;
 mod tiers;
 mod tokenizer;
 
@@ -83,6 +84,7 @@ pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
 pub use pipeline::{analyze, Analysis, AnalyzeOptions, Progress};
 pub use powerinfer::layout::Layouts;
 pub use powerinfer::{Neurons, Sparsity};
+pub use synthetic::SyntheticLlama;
 pub use tiers::{TierKind, TierOptions, TierReport};
 pub use tokenizer::TextTokenizer;
 

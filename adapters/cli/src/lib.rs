@@ -56,6 +56,75 @@ pub enum Command {
     /// plan the hot/cold placement under a byte budget, and write the `.powerinfer` artifact
     /// (plus pictures next to it).
     Analyze(AnalyzeArgs),
+    /// Write a llama-shaped GGUF file of seeded random weights (default: Llama 2 7B's shape in
+    /// Q4_K blocks, 3.8 GB), for timing a shape where no real file can go; every command reads
+    /// it like a model (its text is noise).
+    Synth(SynthArgs),
+}
+
+/// `synth` flags: Llama 2 7B's shape unless a size is given.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Where to write the `.gguf` file.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Block type of every matrix.
+    #[arg(long, default_value = "q4_k", value_parser = ["q4_0", "q8_0", "q4_k", "q6_k"])]
+    pub blocks: String,
+    /// Decoder layers.
+    #[arg(long, default_value_t = 32)]
+    pub layers: usize,
+    /// Hidden size.
+    #[arg(long, default_value_t = 4096)]
+    pub hidden: usize,
+    /// FFN intermediate size.
+    #[arg(long, default_value_t = 11008)]
+    pub intermediate: usize,
+    /// Query heads.
+    #[arg(long, default_value_t = 32)]
+    pub heads: usize,
+    /// Key/value heads.
+    #[arg(long, default_value_t = 32)]
+    pub kv_heads: usize,
+    /// Vocabulary size.
+    #[arg(long, default_value_t = 32000)]
+    pub vocab: usize,
+    /// Seed of every random byte (the same flags write the same file).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+fn synth(a: &SynthArgs) -> anyhow::Result<()> {
+    use candle_core::quantized::GgmlDType;
+    let blocks = match a.blocks.as_str() {
+        "q4_0" => GgmlDType::Q4_0,
+        "q8_0" => GgmlDType::Q8_0,
+        "q6_k" => GgmlDType::Q6K,
+        _ => GgmlDType::Q4K,
+    };
+    let spec = powerinfer_candle::SyntheticLlama {
+        layers: a.layers,
+        hidden: a.hidden,
+        intermediate: a.intermediate,
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        vocab: a.vocab,
+        blocks,
+        ..powerinfer_candle::SyntheticLlama::llama_7b(a.seed)
+    };
+    let t = std::time::Instant::now();
+    spec.write(&a.out)?;
+    println!(
+        "wrote {} ({:.1} MB of {} weights, {} layers, {}x{}) in {:.1} s",
+        a.out.display(),
+        spec.weight_bytes() as f64 / 1e6,
+        a.blocks,
+        a.layers,
+        a.hidden,
+        a.intermediate,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// `analyze` flags.
@@ -355,5 +424,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             eval::run(&a).map(|()| output::finish())
         }
         Command::Analyze(a) => analyze::run(&a),
+        Command::Synth(a) => synth(&a),
     }
 }

@@ -612,3 +612,72 @@ fn analyze_then_use_the_artifact() {
     fails_with(&["eval", "--input-sweep", "0.2,x"], "`x` is not a number");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `synth` writes a llama file every command reads: `bench` decodes it with the dense decoder
+/// and the default sparse mode, `generate` streams tokens from it; a bad shape or block type is
+/// refused naming it.
+#[test]
+fn synth_writes_a_model_the_commands_run() {
+    let d = temp("synth");
+    let f = d.join("tiny.gguf");
+    let path = f.to_str().unwrap();
+    let tiny = [
+        "--layers",
+        "2",
+        "--hidden",
+        "256",
+        "--intermediate",
+        "512",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--vocab",
+        "400",
+        "--seed",
+        "3",
+    ];
+    let mut args = vec!["synth", "--out", path];
+    args.extend(tiny);
+    let (ok, out, err) = powerinfer(&args);
+    assert!(ok, "{err}");
+    assert!(out.contains("wrote") && out.contains("q4_k"), "{out}");
+    let (ok, out, err) = powerinfer(&[
+        "bench",
+        "--model",
+        path,
+        "--modes",
+        "dense,input",
+        "--runs",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--decode-tokens",
+        "4",
+        "--threads",
+        "1",
+        "--output",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(rows.as_array().is_some_and(|r| r.len() >= 2), "{out}");
+    let (ok, _, err) = powerinfer(&[
+        "generate",
+        "--model",
+        path,
+        "--prompt",
+        "the fox",
+        "--max-tokens",
+        "4",
+    ]);
+    assert!(ok, "{err}");
+    let mut bad = vec!["synth", "--out", path, "--hidden", "100"];
+    bad.extend(&tiny[4..]);
+    fails_with(&bad, "hidden 100");
+    fails_with(
+        &["synth", "--out", path, "--blocks", "q5_k"],
+        "invalid value 'q5_k'",
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
