@@ -84,7 +84,7 @@ pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
 pub use pipeline::{analyze, Analysis, AnalyzeOptions, Progress};
 pub use powerinfer::layout::Layouts;
 pub use powerinfer::{Neurons, Sparsity};
-pub use synthetic::SyntheticLlama;
+pub use synthetic::{FfnProfile, LayerProfile, SyntheticLlama, PROFILE_POINTS};
 pub use tiers::{TierKind, TierOptions, TierReport};
 pub use tokenizer::TextTokenizer;
 

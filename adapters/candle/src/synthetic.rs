@@ -9,15 +9,152 @@
 //! `<unk>`, `<s>`, `</s>`, the 256 byte tokens, single letters and filler pieces, so any text
 //! encodes (by byte fallback). The text such a model writes is noise; what it is for is the
 //! bytes a token reads, and comparing two ways of computing the same model.
+//!
+//! Random weights give every FFN input channel and every neuron the same spread, where a trained
+//! model's are skewed: a few channels and neurons are large most of the time (what input
+//! sparsity keeps, and what a hybrid puts on the GPU). [`FfnProfile`] measures that skew on a real
+//! model (each layer's per-channel RMS of the FFN input and per-neuron RMS of `h`, sorted, as a
+//! curve of [`PROFILE_POINTS`] points: a few KB for a whole model), and
+//! [`SyntheticLlama::write_with`] gives a synthetic model the same skew: each layer's FFN norm
+//! weights follow the input curve and its up rows the `h` curve, in a seeded random order.
 
 use std::path::Path;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QStorage, QTensor};
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use half::f16;
-use rand::{rngs::StdRng, RngCore, SeedableRng};
+use rand::{rngs::StdRng, seq::SliceRandom, RngCore, SeedableRng};
 
 use crate::error::{Error, Result};
+use crate::model::{FfnProbe, Llama};
+
+/// Points of each curve of an [`FfnProfile`].
+pub const PROFILE_POINTS: usize = 32;
+
+/// How skewed a real model's FFN inputs are, per layer (see the module docs).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FfnProfile {
+    /// What it was measured on (a free-form name).
+    pub model: String,
+    /// Tokens it was measured over.
+    pub tokens: usize,
+    /// One entry per decoder layer.
+    pub layers: Vec<LayerProfile>,
+}
+
+/// One layer of an [`FfnProfile`]: the per-channel RMS of the FFN input (`x`) and the per-neuron
+/// RMS of `h`, each sorted from the largest, sampled at [`PROFILE_POINTS`] evenly spaced ranks
+/// and scaled to a mean square of 1.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LayerProfile {
+    /// The FFN input's curve.
+    pub x: Vec<f32>,
+    /// `h`'s curve.
+    pub h: Vec<f32>,
+}
+
+/// Sums of squares per channel and per neuron, per layer.
+#[derive(Default)]
+struct Squares {
+    x: Vec<Vec<f64>>,
+    h: Vec<Vec<f64>>,
+    tokens: usize,
+}
+
+impl FfnProbe for Squares {
+    fn observe(&mut self, layer: usize, x: &Tensor, h: &Tensor) -> Result<()> {
+        if self.x.len() <= layer {
+            self.x.resize(layer + 1, Vec::new());
+            self.h.resize(layer + 1, Vec::new());
+        }
+        let add = |acc: &mut Vec<f64>, t: &Tensor| -> Result<()> {
+            let s: Vec<f32> = t.sqr()?.sum(0)?.to_vec1()?;
+            acc.resize(s.len(), 0.0);
+            acc.iter_mut()
+                .zip(&s)
+                .for_each(|(a, v)| *a += f64::from(*v));
+            Ok(())
+        };
+        add(&mut self.x[layer], x)?;
+        add(&mut self.h[layer], h)?;
+        if layer == 0 {
+            self.tokens += x.dims().first().copied().unwrap_or(0);
+        }
+        Ok(())
+    }
+}
+
+/// Sums of squares over `tokens` rows as a sorted, sampled curve of mean square 1.
+fn curve(squares: &[f64], tokens: usize) -> Vec<f32> {
+    let mut rms: Vec<f64> = squares
+        .iter()
+        .map(|s| (s / tokens.max(1) as f64).sqrt())
+        .collect();
+    rms.sort_by(|a, b| b.total_cmp(a));
+    let n = rms.len();
+    let points: Vec<f64> = (0..PROFILE_POINTS)
+        .map(|i| rms[((2 * i + 1) * n / (2 * PROFILE_POINTS)).min(n.saturating_sub(1))])
+        .collect();
+    let ms = points.iter().map(|v| v * v).sum::<f64>() / PROFILE_POINTS as f64;
+    // Four significant digits are plenty for a shape, and keep the file small.
+    let round = |v: f64| {
+        let e = 10f64.powi(3 - v.abs().max(1e-30).log10().floor() as i32);
+        ((v * e).round() / e) as f32
+    };
+    points
+        .iter()
+        .map(|v| round(v / ms.sqrt().max(1e-30)))
+        .collect()
+}
+
+impl FfnProfile {
+    /// Measures `model` (loaded with dense FFNs: [`crate::FfnMode::Dense`] or `Analysis`) over
+    /// `tokens`, in windows of `chunk` tokens.
+    pub fn measure(model: &mut Llama, name: &str, tokens: &[u32], chunk: usize) -> Result<Self> {
+        if tokens.is_empty() {
+            return Err(powerinfer::Error::config("profile", "no tokens to measure on").into());
+        }
+        let mut sq = Squares::default();
+        model.probe_ffn(tokens, chunk, &mut sq)?;
+        let layers =
+            sq.x.iter()
+                .zip(&sq.h)
+                .map(|(x, h)| LayerProfile {
+                    x: curve(x, sq.tokens),
+                    h: curve(h, sq.tokens),
+                })
+                .collect();
+        Ok(FfnProfile {
+            model: name.into(),
+            tokens: sq.tokens,
+            layers,
+        })
+    }
+
+    /// `n` scales following layer `l` of `of`'s share of the depth (the profile's layer at the
+    /// same relative depth), `x`'s curve or `h`'s, linearly interpolated between the points, in
+    /// an order shuffled by `rng`.
+    fn scales(&self, l: usize, of: usize, n: usize, h: bool, rng: &mut StdRng) -> Result<Vec<f32>> {
+        let bad = |what: &str| powerinfer::Error::config("profile", what.to_string());
+        let at = (l * self.layers.len()) / of.max(1);
+        let layer = self.layers.get(at).ok_or_else(|| bad("no layers"))?;
+        let c = if h { &layer.h } else { &layer.x };
+        if c.len() < 2 || c.iter().any(|v| !v.is_finite() || *v < 0.0) {
+            return Err(bad("each curve needs at least 2 finite points, none negative").into());
+        }
+        let mut v: Vec<f32> = (0..n)
+            .map(|i| {
+                let p = (i as f32 + 0.5) / n as f32 * c.len() as f32 - 0.5;
+                let (i0, f) = (p.floor().max(0.0) as usize, p - p.floor());
+                let i1 = (i0 + 1).min(c.len() - 1);
+                let i0 = i0.min(c.len() - 1);
+                c[i0] * (1.0 - f.clamp(0.0, 1.0)) + c[i1] * f.clamp(0.0, 1.0)
+            })
+            .collect();
+        v.shuffle(rng);
+        Ok(v)
+    }
+}
 
 /// The shape, block type and seed of a synthetic llama model ([`SyntheticLlama::write`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,39 +254,64 @@ impl SyntheticLlama {
     /// matrix in [`SyntheticLlama::blocks`], all of it from [`SyntheticLlama::seed`]. A bad
     /// shape is a typed error naming it; nothing is written then.
     pub fn write(&self, path: &Path) -> Result<()> {
+        self.write_with(path, None)
+    }
+
+    /// [`SyntheticLlama::write`], with the FFN inputs skewed as `profile` measured on a real
+    /// model (see the module docs).
+    pub fn write_with(&self, path: &Path, profile: Option<&FfnProfile>) -> Result<()> {
         self.check()?;
         let (h, n, v) = (self.hidden, self.intermediate, self.vocab);
         let kv = h / self.heads * self.kv_heads;
         let mut rng = StdRng::seed_from_u64(self.seed);
         let mut tensors: Vec<(String, QTensor)> = Vec::new();
-        let mut matrix = |name: String, rows: usize, cols: usize| -> Result<()> {
-            let t = random_blocks(self.blocks, rows, cols, &mut rng)?;
-            tensors.push((name, t));
-            Ok(())
-        };
-        matrix("token_embd.weight".into(), v, h)?;
+        // The profile's orders and scales come from their own stream, so the weights' bytes
+        // are the same with and without one.
+        let mut order = StdRng::seed_from_u64(self.seed ^ 0x5eed_0f5c_a1e5);
+        let mut norms = Vec::with_capacity(self.layers);
+        let mut up_rows = Vec::with_capacity(self.layers);
         for l in 0..self.layers {
+            match profile {
+                Some(p) => {
+                    norms.push(Some(p.scales(l, self.layers, h, false, &mut order)?));
+                    up_rows.push(Some(p.scales(l, self.layers, n, true, &mut order)?));
+                }
+                None => {
+                    norms.push(None);
+                    up_rows.push(None);
+                }
+            }
+        }
+        let mut push =
+            |name: String, rows: usize, cols: usize, scale: Option<&[f32]>| -> Result<()> {
+                let t = random_blocks(self.blocks, rows, cols, scale, &mut rng)?;
+                tensors.push((name, t));
+                Ok(())
+            };
+        push("token_embd.weight".into(), v, h, None)?;
+        for (l, up) in up_rows.iter().enumerate() {
             let p = format!("blk.{l}");
-            matrix(format!("{p}.attn_q.weight"), h, h)?;
-            matrix(format!("{p}.attn_k.weight"), kv, h)?;
-            matrix(format!("{p}.attn_v.weight"), kv, h)?;
-            matrix(format!("{p}.attn_output.weight"), h, h)?;
-            matrix(format!("{p}.ffn_gate.weight"), n, h)?;
-            matrix(format!("{p}.ffn_up.weight"), n, h)?;
-            matrix(format!("{p}.ffn_down.weight"), h, n)?;
+            push(format!("{p}.attn_q.weight"), h, h, None)?;
+            push(format!("{p}.attn_k.weight"), kv, h, None)?;
+            push(format!("{p}.attn_v.weight"), kv, h, None)?;
+            push(format!("{p}.attn_output.weight"), h, h, None)?;
+            push(format!("{p}.ffn_gate.weight"), n, h, None)?;
+            push(format!("{p}.ffn_up.weight"), n, h, up.as_deref())?;
+            push(format!("{p}.ffn_down.weight"), h, n, None)?;
         }
-        matrix("output.weight".into(), v, h)?;
-        let ones = || {
-            QTensor::quantize(
-                &candle_core::Tensor::ones(h, candle_core::DType::F32, &Device::Cpu)?,
-                GgmlDType::F32,
-            )
+        push("output.weight".into(), v, h, None)?;
+        let vector = |v: Option<&[f32]>| -> Result<QTensor> {
+            let t = match v {
+                Some(v) => Tensor::new(v, &Device::Cpu)?,
+                None => Tensor::ones(h, candle_core::DType::F32, &Device::Cpu)?,
+            };
+            Ok(QTensor::quantize(&t, GgmlDType::F32)?)
         };
-        for l in 0..self.layers {
-            tensors.push((format!("blk.{l}.attn_norm.weight"), ones()?));
-            tensors.push((format!("blk.{l}.ffn_norm.weight"), ones()?));
+        for (l, norm) in norms.iter().enumerate() {
+            tensors.push((format!("blk.{l}.attn_norm.weight"), vector(None)?));
+            tensors.push((format!("blk.{l}.ffn_norm.weight"), vector(norm.as_deref())?));
         }
-        tensors.push(("output_norm.weight".into(), ones()?));
+        tensors.push(("output_norm.weight".into(), vector(None)?));
 
         let u32v = |x: usize| gguf_file::Value::U32(x as u32);
         let mut meta: Vec<(String, gguf_file::Value)> = vec![
@@ -243,8 +405,15 @@ fn vocabulary(n: usize) -> Vec<(String, gguf_file::Value)> {
 }
 
 /// A `rows x cols` tensor of random `kind` blocks whose weights have a standard deviation of
-/// about 0.02: random quantized bytes, each block's f16 scale(s) overwritten.
-fn random_blocks(kind: GgmlDType, rows: usize, cols: usize, rng: &mut StdRng) -> Result<QTensor> {
+/// about 0.02 (times `row_scale[r]` in row `r`): random quantized bytes, each block's f16
+/// scale(s) overwritten.
+fn random_blocks(
+    kind: GgmlDType,
+    rows: usize,
+    cols: usize,
+    row_scale: Option<&[f32]>,
+    rng: &mut StdRng,
+) -> Result<QTensor> {
     const STD: f32 = 0.02;
     let (bs, ts) = (kind.block_size(), kind.type_size());
     let mut data = vec![0u8; rows * cols / bs * ts];
@@ -267,9 +436,11 @@ fn random_blocks(kind: GgmlDType, rows: usize, cols: usize, rng: &mut StdRng) ->
             )
         }
     };
-    for block in data.chunks_exact_mut(ts) {
+    let per_row = cols / bs;
+    for (i, block) in data.chunks_exact_mut(ts).enumerate() {
+        let s = row_scale.map_or(1.0, |r| r[i / per_row]);
         for &(at, d) in fields {
-            block[at..at + 2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+            block[at..at + 2].copy_from_slice(&f16::from_f32(d * s).to_le_bytes());
         }
     }
     let storage = QStorage::from_data(std::borrow::Cow::Owned(data), &Device::Cpu, kind)?;

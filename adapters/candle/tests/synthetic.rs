@@ -102,3 +102,66 @@ fn candle_and_our_loaders_read_it_and_agree() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Energy share of the top tenth of a profile curve's points.
+fn top_tenth(c: &[f32]) -> f32 {
+    let k = c.len() / 10;
+    c[..k].iter().map(|v| v * v).sum::<f32>() / c.iter().map(|v| v * v).sum::<f32>()
+}
+
+/// A profile gives the synthetic model its skew: measured back from the written file, the top
+/// tenth of the FFN input channels holds far more of the energy than without it, close to the
+/// profile's own share; a profile survives JSON; a bad one is refused naming the profile.
+#[test]
+fn a_profile_skews_the_ffn_inputs_as_measured() {
+    use powerinfer_candle::{FfnProfile, LayerProfile, PROFILE_POINTS};
+    let dir = std::env::temp_dir().join(format!("powerinfer-synth-prof-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A steep curve: the first 4 of 32 points 4x the rest.
+    let steep: Vec<f32> = (0..PROFILE_POINTS)
+        .map(|i| if i < 4 { 4.0 } else { 1.0 })
+        .collect();
+    let profile = FfnProfile {
+        model: "steep".into(),
+        tokens: 1,
+        layers: vec![
+            LayerProfile {
+                x: steep.clone(),
+                h: steep.clone()
+            };
+            2
+        ],
+    };
+    let json = serde_json::to_string(&profile).unwrap();
+    assert_eq!(serde_json::from_str::<FfnProfile>(&json).unwrap(), profile);
+    let text: Vec<u32> = (0..256).map(|i| (i * 37 % 390 + 3) as u32).collect();
+    let measured = |p: Option<&FfnProfile>, name: &str| {
+        let path = dir.join(name);
+        tiny(GgmlDType::Q4K).write_with(&path, p).unwrap();
+        let (mut m, _) = open(&path, &FfnMode::Dense).unwrap();
+        FfnProfile::measure(&mut m, name, &text, 64).unwrap()
+    };
+    let flat = measured(None, "flat.gguf");
+    let skewed = measured(Some(&profile), "skewed.gguf");
+    assert_eq!((skewed.layers.len(), skewed.tokens), (2, 256));
+    let (f, s, want) = (
+        top_tenth(&flat.layers[1].x),
+        top_tenth(&skewed.layers[1].x),
+        top_tenth(&steep),
+    );
+    // Measured: flat 0.17, skewed 0.57, the profile 0.52.
+    assert!(
+        s > f + 0.15 && (s - want).abs() < 0.15,
+        "flat {f}, skewed {s}, profile {want}"
+    );
+
+    let mut bad = profile.clone();
+    bad.layers[0].x[3] = -1.0;
+    let err = tiny(GgmlDType::Q4K)
+        .write_with(&dir.join("bad.gguf"), Some(&bad))
+        .unwrap_err();
+    assert!(err.to_string().contains("profile"), "{err}");
+    let (mut m, _) = open(&dir.join("flat.gguf"), &FfnMode::Dense).unwrap();
+    assert!(FfnProfile::measure(&mut m, "x", &[], 64).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -92,10 +92,71 @@ pub struct SynthArgs {
     /// Seed of every random byte (the same flags write the same file).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Give the FFN inputs the skew this profile (from `--measure`) holds: each layer's FFN norm
+    /// follows its input curve and its up rows its `h` curve.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Instead of a model, measure the profile of this one (a file, directory or model name) over
+    /// State of the Union text and write it to `--out` as JSON.
+    #[arg(long, conflicts_with = "profile")]
+    pub measure: Option<PathBuf>,
+    /// With `--measure`: tokens of text to measure over (windows of 512).
+    #[arg(long, default_value_t = 4096)]
+    pub tokens: usize,
 }
 
+/// Points of a profile curve in its top tenth (what `synth --measure` reports).
+const PROFILE_TENTH: usize = powerinfer_candle::PROFILE_POINTS / 10;
+
 fn synth(a: &SynthArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
     use candle_core::quantized::GgmlDType;
+    if let Some(m) = &a.measure {
+        let path = common::model_path(&Some(m.clone()))?;
+        let mut l = common::load(&path, &powerinfer_candle::FfnMode::Dense)?;
+        let tokens = common::corpus_tokens(&l.tok, 1790..=1999, a.tokens)?;
+        let name = path
+            .file_name()
+            .map_or("model".into(), |n| n.to_string_lossy().into_owned());
+        let t = std::time::Instant::now();
+        let p = powerinfer_candle::FfnProfile::measure(&mut l.model, &name, &tokens, 512)?;
+        let json = serde_json::to_string(&p)?;
+        std::fs::write(&a.out, &json).with_context(|| format!("writing {}", a.out.display()))?;
+        let top =
+            |c: &[f32]| c[..PROFILE_TENTH].iter().map(|v| v * v).sum::<f32>() / c.len() as f32;
+        let (x, h) = p
+            .layers
+            .iter()
+            .fold((0.0, 0.0), |(x, h), l| (x + top(&l.x), h + top(&l.h)));
+        let n = p.layers.len().max(1) as f32;
+        println!(
+            "wrote {} ({} bytes: {} layers over {} tokens in {:.1} s); the top tenth of the channels \
+             holds {:.0}% of the FFN input's energy and of the neurons {:.0}% of h's ({:.0}% when flat)",
+            a.out.display(),
+            json.len(),
+            p.layers.len(),
+            p.tokens,
+            t.elapsed().as_secs_f64(),
+            100.0 * x / n,
+            100.0 * h / n,
+            100.0 * (PROFILE_TENTH as f32) / powerinfer_candle::PROFILE_POINTS as f32
+        );
+        return Ok(());
+    }
+    let profile = match &a.profile {
+        Some(p) => {
+            let s = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            let prof: powerinfer_candle::FfnProfile =
+                serde_json::from_slice(&s).with_context(|| {
+                    format!(
+                        "{}: not a profile written by `synth --measure`",
+                        p.display()
+                    )
+                })?;
+            Some(prof)
+        }
+        None => None,
+    };
     let blocks = match a.blocks.as_str() {
         "q4_0" => GgmlDType::Q4_0,
         "q8_0" => GgmlDType::Q8_0,
@@ -113,7 +174,7 @@ fn synth(a: &SynthArgs) -> anyhow::Result<()> {
         ..powerinfer_candle::SyntheticLlama::llama_7b(a.seed)
     };
     let t = std::time::Instant::now();
-    spec.write(&a.out)?;
+    spec.write_with(&a.out, profile.as_ref())?;
     println!(
         "wrote {} ({:.1} MB of {} weights, {} layers, {}x{}) in {:.1} s",
         a.out.display(),

@@ -672,6 +672,38 @@ fn synth_writes_a_model_the_commands_run() {
         "4",
     ]);
     assert!(ok, "{err}");
+    // A profile measured on it, then a model written with that profile.
+    let prof = d.join("tiny.profile.json");
+    let (ok, out, err) = powerinfer(&[
+        "synth",
+        "--measure",
+        path,
+        "--out",
+        prof.to_str().unwrap(),
+        "--tokens",
+        "128",
+    ]);
+    assert!(ok && out.contains("2 layers over 128 tokens"), "{out}{err}");
+    let skewed = d.join("skewed.gguf");
+    let mut args = vec![
+        "synth",
+        "--out",
+        skewed.to_str().unwrap(),
+        "--profile",
+        prof.to_str().unwrap(),
+    ];
+    args.extend(tiny);
+    let (ok, _, err) = powerinfer(&args);
+    assert!(ok, "{err}");
+    let mut args = vec![
+        "synth",
+        "--out",
+        skewed.to_str().unwrap(),
+        "--profile",
+        path,
+    ];
+    args.extend(tiny);
+    fails_with(&args, "not a profile written by `synth --measure`");
     let mut bad = vec!["synth", "--out", path, "--hidden", "100"];
     bad.extend(&tiny[4..]);
     fails_with(&bad, "hidden 100");
