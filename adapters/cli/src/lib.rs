@@ -65,7 +65,7 @@ pub enum Command {
 /// `synth` flags: Llama 2 7B's shape unless a size is given.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Where to write the `.gguf` file.
+    /// Where to write the `.gguf` file (with `--measure`: the profile, as JSON).
     #[arg(long)]
     pub out: PathBuf,
     /// Block type of every matrix.
