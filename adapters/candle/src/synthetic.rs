@@ -4,7 +4,7 @@
 //!
 //! The weights are random GGUF blocks, not quantized floats: the quantized values are random
 //! bytes, and each block's scale is set so that the weights have a standard deviation of about
-//! 0.02 (what a trained 7B's projections have), so activations stay finite through every layer.
+//! 0.02 (Llama's initialisation scale), so activations stay finite through every layer.
 //! The norms are ones. The vocabulary is a SentencePiece one the tokenizer reads like Llama 2's:
 //! `<unk>`, `<s>`, `</s>`, the 256 byte tokens, single letters and filler pieces, so any text
 //! encodes (by byte fallback). The text such a model writes is noise; what it is for is the
@@ -169,7 +169,7 @@ pub struct SyntheticLlama {
     pub heads: usize,
     /// Key/value heads (dividing `heads`).
     pub kv_heads: usize,
-    /// Vocabulary size (at least 320: specials, bytes and letters).
+    /// Vocabulary size (at least 311: 3 specials, 256 bytes and 52 letter pieces).
     pub vocab: usize,
     /// Context length the file declares.
     pub context: usize,
