@@ -144,11 +144,10 @@ impl FfnProfile {
         }
         let mut v: Vec<f32> = (0..n)
             .map(|i| {
-                let p = (i as f32 + 0.5) / n as f32 * c.len() as f32 - 0.5;
-                let (i0, f) = (p.floor().max(0.0) as usize, p - p.floor());
-                let i1 = (i0 + 1).min(c.len() - 1);
-                let i0 = i0.min(c.len() - 1);
-                c[i0] * (1.0 - f.clamp(0.0, 1.0)) + c[i1] * f.clamp(0.0, 1.0)
+                let last = (c.len() - 1) as f32;
+                let p = ((i as f32 + 0.5) / n as f32 * c.len() as f32 - 0.5).clamp(0.0, last);
+                let (i0, f) = (p.floor() as usize, p - p.floor());
+                c[i0] * (1.0 - f) + c[(i0 + 1).min(c.len() - 1)] * f
             })
             .collect();
         v.shuffle(rng);
@@ -268,20 +267,12 @@ impl SyntheticLlama {
         // The profile's orders and scales come from their own stream, so the weights' bytes
         // are the same with and without one.
         let mut order = StdRng::seed_from_u64(self.seed ^ 0x5eed_0f5c_a1e5);
+        let mut scales = |l: usize, len: usize, h_curve: bool| {
+            profile
+                .map(|p| p.scales(l, self.layers, len, h_curve, &mut order))
+                .transpose()
+        };
         let mut norms = Vec::with_capacity(self.layers);
-        let mut up_rows = Vec::with_capacity(self.layers);
-        for l in 0..self.layers {
-            match profile {
-                Some(p) => {
-                    norms.push(Some(p.scales(l, self.layers, h, false, &mut order)?));
-                    up_rows.push(Some(p.scales(l, self.layers, n, true, &mut order)?));
-                }
-                None => {
-                    norms.push(None);
-                    up_rows.push(None);
-                }
-            }
-        }
         let mut push =
             |name: String, rows: usize, cols: usize, scale: Option<&[f32]>| -> Result<()> {
                 let t = random_blocks(self.blocks, rows, cols, scale, &mut rng)?;
@@ -289,7 +280,9 @@ impl SyntheticLlama {
                 Ok(())
             };
         push("token_embd.weight".into(), v, h, None)?;
-        for (l, up) in up_rows.iter().enumerate() {
+        for l in 0..self.layers {
+            norms.push(scales(l, h, false)?);
+            let up = scales(l, n, true)?;
             let p = format!("blk.{l}");
             push(format!("{p}.attn_q.weight"), h, h, None)?;
             push(format!("{p}.attn_k.weight"), kv, h, None)?;
@@ -445,88 +438,4 @@ fn random_blocks(
     }
     let storage = QStorage::from_data(std::borrow::Cow::Owned(data), &Device::Cpu, kind)?;
     Ok(QTensor::new(storage, (rows, cols))?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tiny(blocks: GgmlDType, seed: u64) -> SyntheticLlama {
-        SyntheticLlama {
-            layers: 2,
-            hidden: 256,
-            intermediate: 512,
-            heads: 4,
-            kv_heads: 2,
-            vocab: 400,
-            context: 128,
-            blocks,
-            seed,
-        }
-    }
-
-    #[test]
-    fn bad_shapes_are_typed_errors_naming_them() {
-        let dir = std::env::temp_dir();
-        let path = dir.join("powerinfer-synthetic-bad.gguf");
-        for (spec, says) in [
-            (
-                SyntheticLlama {
-                    hidden: 100,
-                    ..tiny(GgmlDType::Q4K, 1)
-                },
-                "hidden 100",
-            ),
-            (
-                SyntheticLlama {
-                    heads: 3,
-                    ..tiny(GgmlDType::Q4_0, 1)
-                },
-                "3 heads",
-            ),
-            (
-                SyntheticLlama {
-                    vocab: 10,
-                    ..tiny(GgmlDType::Q4_0, 1)
-                },
-                "vocabulary 10",
-            ),
-            (
-                SyntheticLlama {
-                    layers: 0,
-                    ..tiny(GgmlDType::Q4_0, 1)
-                },
-                "layers",
-            ),
-            (tiny(GgmlDType::Q5K, 1), "Q5K"),
-        ] {
-            let err = spec.write(&path).unwrap_err().to_string();
-            assert!(err.contains(says), "{err}");
-            assert!(!path.exists(), "nothing written for a bad shape");
-        }
-    }
-
-    #[test]
-    fn the_same_seed_writes_the_same_bytes_and_sizes_add_up() {
-        let dir = std::env::temp_dir().join(format!("powerinfer-synthetic-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let read = |spec: SyntheticLlama, name: &str| {
-            let p = dir.join(name);
-            spec.write(&p).unwrap();
-            std::fs::read(&p).unwrap()
-        };
-        let a = read(tiny(GgmlDType::Q4K, 7), "a.gguf");
-        let b = read(tiny(GgmlDType::Q4K, 7), "b.gguf");
-        let c = read(tiny(GgmlDType::Q4K, 8), "c.gguf");
-        assert_eq!(a, b);
-        assert_ne!(a, c);
-        let spec = tiny(GgmlDType::Q6K, 1);
-        let bytes = read(spec, "d.gguf").len();
-        // The blocks, plus the header, the metadata (the vocabulary) and alignment padding.
-        assert!(
-            bytes > spec.weight_bytes() && bytes < spec.weight_bytes() + 64 * 1024,
-            "{bytes}"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

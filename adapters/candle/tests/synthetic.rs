@@ -1,14 +1,15 @@
 //! Synthetic llama files (`SyntheticLlama`) are real llama GGUF files: candle-transformers'
 //! `quantized_llama` and our loaders read them, and agree on their logits; the tokenizer reads
 //! their vocabulary; every block type it writes decodes to finite weights of about the asked
-//! spread.
+//! spread; a seed always writes the same bytes; a profile skews the FFN inputs; bad shapes and
+//! profiles are typed errors.
 
 use candle_core::quantized::{gguf_file, GgmlDType};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use powerinfer_candle::{open, FfnMode, SyntheticLlama};
 
-fn tiny(blocks: GgmlDType) -> SyntheticLlama {
+fn tiny_seeded(blocks: GgmlDType, seed: u64) -> SyntheticLlama {
     SyntheticLlama {
         layers: 2,
         hidden: 256,
@@ -18,8 +19,12 @@ fn tiny(blocks: GgmlDType) -> SyntheticLlama {
         vocab: 400,
         context: 128,
         blocks,
-        seed: 11,
+        seed,
     }
+}
+
+fn tiny(blocks: GgmlDType) -> SyntheticLlama {
+    tiny_seeded(blocks, 11)
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
@@ -163,5 +168,73 @@ fn a_profile_skews_the_ffn_inputs_as_measured() {
     assert!(err.to_string().contains("profile"), "{err}");
     let (mut m, _) = open(&dir.join("flat.gguf"), &FfnMode::Dense).unwrap();
     assert!(FfnProfile::measure(&mut m, "x", &[], 64).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_shapes_are_typed_errors_naming_them() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!(
+        "powerinfer-synthetic-bad-{}.gguf",
+        std::process::id()
+    ));
+    for (spec, says) in [
+        (
+            SyntheticLlama {
+                hidden: 100,
+                ..tiny_seeded(GgmlDType::Q4K, 1)
+            },
+            "hidden 100",
+        ),
+        (
+            SyntheticLlama {
+                heads: 3,
+                ..tiny_seeded(GgmlDType::Q4_0, 1)
+            },
+            "3 heads",
+        ),
+        (
+            SyntheticLlama {
+                vocab: 10,
+                ..tiny_seeded(GgmlDType::Q4_0, 1)
+            },
+            "vocabulary 10",
+        ),
+        (
+            SyntheticLlama {
+                layers: 0,
+                ..tiny_seeded(GgmlDType::Q4_0, 1)
+            },
+            "layers",
+        ),
+        (tiny_seeded(GgmlDType::Q5K, 1), "Q5K"),
+    ] {
+        let err = spec.write(&path).unwrap_err().to_string();
+        assert!(err.contains(says), "{err}");
+        assert!(!path.exists(), "nothing written for a bad shape");
+    }
+}
+
+#[test]
+fn the_same_seed_writes_the_same_bytes_and_sizes_add_up() {
+    let dir = std::env::temp_dir().join(format!("powerinfer-synthetic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let read = |spec: SyntheticLlama, name: &str| {
+        let p = dir.join(name);
+        spec.write(&p).unwrap();
+        std::fs::read(&p).unwrap()
+    };
+    let a = read(tiny_seeded(GgmlDType::Q4K, 7), "a.gguf");
+    let b = read(tiny_seeded(GgmlDType::Q4K, 7), "b.gguf");
+    let c = read(tiny_seeded(GgmlDType::Q4K, 8), "c.gguf");
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    let spec = tiny_seeded(GgmlDType::Q6K, 1);
+    let bytes = read(spec, "d.gguf").len();
+    // The blocks, plus the header, the metadata (the vocabulary) and alignment padding.
+    assert!(
+        bytes > spec.weight_bytes() && bytes < spec.weight_bytes() + 64 * 1024,
+        "{bytes}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
