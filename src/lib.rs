@@ -95,13 +95,20 @@ pub use predict::{All, GateFirst, LowRank, Predictor};
 /// ([`FastTier`](tier::FastTier)), the placement that says which neurons it holds, the byte
 /// budget and the cache bookkeeping every tier shares, and the two tiers:
 /// [`ReferenceTier`](tier::ReferenceTier) on CPU threads of its own and, with the `cuda`
-/// feature, `CudaTier`.
+/// feature, `CudaTier`. For the input-sparse FFN: [`HotNeurons`](tier::HotNeurons), the hot
+/// neurons on any candle device
+/// ([`InputSparseFfn::from_qtensors_split`](crate::InputSparseFfn::from_qtensors_split)), and
+/// the helpers that choose them ([`hot_neurons`](tier::hot_neurons),
+/// [`hot_count`](tier::hot_count)).
 pub mod tier {
     #[cfg(feature = "cuda")]
     pub use crate::cuda::{cuda_device, CudaTier, MAX_ROWS as CUDA_MAX_ROWS};
     pub use crate::hybrid::{
         plan_placement, CacheFill, FastTier, LayerPlacement, NeuronCache, Placement, ReferenceTier,
         Reservation, TierBudget, TierCall, TierCounters,
+    };
+    pub use crate::input_sparse::{
+        hot_count, hot_neuron_bytes, hot_neurons, HotNeurons, HOT_GROUP,
     };
 }
 

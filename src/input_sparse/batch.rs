@@ -24,6 +24,8 @@ struct Batch {
     /// `h` and up's values, `rows * intermediate` each.
     h: Vec<f32>,
     u: Vec<f32>,
+    /// With hot neurons: `h` over every neuron (the hot ones 0), swapped into `h`.
+    hs: Vec<f32>,
     /// Down's outputs, by chunk.
     y: Vec<f32>,
 }
@@ -59,6 +61,8 @@ impl InputSparseFfn {
         out: &mut [f32],
     ) {
         let (hd, n) = (self.spec.hidden, self.spec.intermediate);
+        // Gate's and up's rows: the cold neurons of a split FFN, else every neuron.
+        let nc = self.split.as_ref().map_or(n, |sp| sp.cold.len());
         for xr in x.chunks_exact(hd) {
             self.record(xr, None);
         }
@@ -90,15 +94,15 @@ impl InputSparseFfn {
             });
         let act = self.spec.activation;
         let bias = |b: &Option<Vec<f32>>, j: usize| b.as_ref().map_or(0.0, |b| b[j]);
-        b.h.resize(rows * n, 0.0);
-        b.u.resize(rows * n, 0.0);
+        b.h.resize(rows * nc, 0.0);
+        b.u.resize(rows * nc, 0.0);
         // Each row's `h` and up values on the pool (rows in static shares), then recorded in
         // row order.
         let gu = &b.gu;
         let gated = self.gate.is_some();
         let biased = self.gate_bias.is_some() || self.up_bias.is_some();
-        self.pool.run_chunks(&mut b.h, rows, n, &|rr, part| {
-            for (r, h) in rr.zip(part.chunks_exact_mut(n)) {
+        self.pool.run_chunks(&mut b.h, rows, nc, &|rr, part| {
+            for (r, h) in rr.zip(part.chunks_exact_mut(nc)) {
                 if biased {
                     for (j, hv) in h.iter_mut().enumerate() {
                         let up = gu[at(cg, rows, r, j)] + bias(&self.up_bias, j);
@@ -119,15 +123,19 @@ impl InputSparseFfn {
                 }
             }
         });
-        self.pool.run_chunks(&mut b.u, rows, n, &|rr, part| {
-            for (r, u) in rr.zip(part.chunks_exact_mut(n)) {
+        self.pool.run_chunks(&mut b.u, rows, nc, &|rr, part| {
+            for (r, u) in rr.zip(part.chunks_exact_mut(nc)) {
                 for (j, uv) in u.iter_mut().enumerate() {
                     *uv = gu[at(cg, rows, r, j)];
                 }
             }
         });
+        if let Some(sp) = &self.split {
+            sp.scatter(&b.h, rows, n, &mut b.hs);
+            std::mem::swap(&mut b.h, &mut b.hs);
+        }
         for r in 0..rows {
-            let (h, u) = (&b.h[r * n..(r + 1) * n], &b.u[r * n..(r + 1) * n]);
+            let (h, u) = (&b.h[r * n..(r + 1) * n], &b.u[r * nc..(r + 1) * nc]);
             self.record(&x[r * hd..(r + 1) * hd], Some((h, u)));
         }
         b.down.mask(

@@ -32,6 +32,7 @@ mod batch;
 mod chess;
 mod columns;
 mod greedy;
+mod hot;
 mod linear;
 mod plan;
 mod rule;
@@ -41,6 +42,7 @@ use chess::Up;
 pub use columns::Layout;
 use columns::{Columns, Input};
 pub use greedy::{GreedyPath, GreedyStep};
+pub use hot::{hot_count, hot_neuron_bytes, hot_neurons, HotNeurons, HOT_GROUP};
 pub use linear::InputSparseLinear;
 pub use plan::{FfnMatrix, LayoutDecision, LayoutPlanner, Layouts, MARGIN, REPEATS};
 pub use rule::{
@@ -61,8 +63,37 @@ struct Scratch {
     kept: Vec<u32>,
     uk: Vec<f32>,
     h: Vec<f32>,
+    /// With hot neurons: `h` over every neuron (the hot ones 0), down's input.
+    hs: Vec<f32>,
     y: Vec<f32>,
     traffic: WeightTraffic,
+}
+
+/// The neurons of a split FFN ([`InputSparseFfn::from_qtensors_split`]): the hot ones on a
+/// device, the cold ones the CPU's gate and up rows.
+struct Split {
+    hot: HotNeurons,
+    /// Gate's and up's row `r` is neuron `cold[r]` (increasing).
+    cold: Vec<u32>,
+}
+
+impl Split {
+    /// `h` over the cold neurons (`rows` rows of `cold.len()`) scattered into `out`, `rows`
+    /// rows of `n` with the hot neurons 0.
+    fn scatter(&self, h: &[f32], rows: usize, n: usize, out: &mut Vec<f32>) {
+        out.clear();
+        out.resize(rows * n, 0.0);
+        let nc = self.cold.len();
+        for (hr, or) in h
+            .chunks_exact(nc.max(1))
+            .zip(out.chunks_exact_mut(n))
+            .take(rows)
+        {
+            for (&j, &v) in self.cold.iter().zip(hr) {
+                or[j as usize] = v;
+            }
+        }
+    }
 }
 
 /// How [`InputSparseFfn::load`] builds the FFN: threads, SIMD level, the rule it starts with and
@@ -118,6 +149,8 @@ pub struct InputSparseFfn {
     scratch: Mutex<Scratch>,
     /// f16/bf16 inputs widened to f32 (`forward_tensor`).
     xbuf: Mutex<Vec<f32>>,
+    /// The hot neurons on a device and which neurons the CPU's gate and up rows are.
+    split: Option<Split>,
 }
 
 impl std::fmt::Debug for InputSparseFfn {
@@ -130,6 +163,7 @@ impl std::fmt::Debug for InputSparseFfn {
             .field("thresholds", &self.thresholds)
             .field("tier", &self.kernels.tier())
             .field("threads", &self.pool.threads())
+            .field("hot", &self.split.as_ref().map(|s| &s.hot))
             .finish()
     }
 }
@@ -232,6 +266,7 @@ impl InputSparseFfn {
             scores: Mutex::new(None),
             scratch: Mutex::new(Scratch::default()),
             xbuf: Mutex::new(Vec::new()),
+            split: None,
         })
     }
 
@@ -277,6 +312,73 @@ impl InputSparseFfn {
         Self::build(spec, gate, up, down, threads, k)
     }
 
+    /// The FFN of [`InputSparseFfn::from_qtensors_as`] split by neuron: the neurons `hot`
+    /// ([`hot_neurons`]: increasing, a nonzero multiple of [`HOT_GROUP`] or all of them) are
+    /// computed densely on `device` ([`HotNeurons`]), while the CPU computes the others with
+    /// this FFN's rule, reading only the cold rows of gate and up, all stored as `layouts` says:
+    /// down by column reads only its kept cold columns (the hot ones are zeros of its input,
+    /// never read), down as rows reads all of its bytes (the hot neurons' zeros add nothing), so
+    /// pick down's layout for the bytes its cold part keeps. Each call queues the device's part
+    /// first, computes the CPU's, then waits for the device and adds. The hot neurons skip
+    /// nothing, so the output is the unsplit FFN's with the rule lifted from them, up to the
+    /// device's 8-bit inputs and down's hot columns quantized again as Q8_0. Recording scores on
+    /// a split FFN sees only its cold neurons: calibrate the unsplit FFN.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_qtensors_split(
+        spec: FfnSpec,
+        gate: Option<&QTensor>,
+        up: &QTensor,
+        down: &QTensor,
+        threads: usize,
+        tier: Option<SimdLevel>,
+        layouts: [Layout; 3],
+        hot: &[u32],
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let (h, n) = (spec.hidden, spec.intermediate);
+        let hot = HotNeurons::new(&spec, gate, up, down, hot, device)?;
+        let mut cold = Vec::with_capacity(n - hot.ids().len());
+        let mut ids = hot.ids().iter().peekable();
+        for j in 0..n as u32 {
+            if ids.peek() == Some(&&j) {
+                ids.next();
+            } else {
+                cold.push(j);
+            }
+        }
+        let cpu = candle_core::Device::Cpu;
+        let k = kernels(threads, tier)?;
+        let [lg, lu, ld] = layouts;
+        let nc = cold.len();
+        let su = columns::slab_rows(nc.max(1), 1 + usize::from(gate.is_some()), threads);
+        let sd = columns::slab_rows(h, 1, threads);
+        let gate = gate
+            .map(|g| {
+                let g = hot::rows_of(g, "gate_proj.weight", &cold, &cpu)?;
+                Columns::from_qtensor_as(&g, "gate_proj.weight", nc, h, &k, lg, su)
+            })
+            .transpose()?;
+        let up = hot::rows_of(up, "up_proj.weight", &cold, &cpu)?;
+        let up = Up::Columns(Columns::from_qtensor_as(
+            &up,
+            "up_proj.weight",
+            nc,
+            h,
+            &k,
+            lu,
+            su,
+        )?);
+        let down = Columns::from_qtensor_as(down, "down_proj.weight", h, n, &k, ld, sd)?;
+        let mut f = Self::build(spec, gate, up, down, threads, k)?;
+        f.split = Some(Split { hot, cold });
+        Ok(f)
+    }
+
+    /// The hot neurons on a device ([`InputSparseFfn::from_qtensors_split`]), if any.
+    pub fn hot(&self) -> Option<&HotNeurons> {
+        self.split.as_ref().map(|s| &s.hot)
+    }
+
     /// How gate (columns when ungated), up and down are stored: a matrix as
     /// [`Layout::Rows`] skips nothing and ignores its threshold.
     pub fn layouts(&self) -> [Layout; 3] {
@@ -298,6 +400,7 @@ impl InputSparseFfn {
             && self.up_bias.is_none()
             && self.down_bias.is_none()
             && self.chess.is_none()
+            && self.split.is_none()
             && !self.recording.load(Ordering::Relaxed);
         fn rows(c: &Columns) -> Option<&PackedRows> {
             match c {
@@ -489,6 +592,23 @@ impl InputSparseFfn {
     pub fn forward_f32(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
         let h = self.spec.hidden;
         check_f32_rows(x, rows, h, out)?;
+        // The device's part first, so that it works while the CPU does.
+        let pending = match &self.split {
+            Some(sp) => Some(sp.hot.launch(x, rows)?),
+            None => None,
+        };
+        if let (Some(sp), Some(p)) = (&self.split, &pending) {
+            if sp.cold.is_empty() {
+                // Every neuron on the device: the CPU adds only down's bias.
+                for o in out.chunks_exact_mut(h) {
+                    match &self.down_bias {
+                        Some(b) => o.copy_from_slice(b),
+                        None => o.fill(0.0),
+                    }
+                }
+                return sp.hot.finish(p.clone(), out);
+            }
+        }
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         // Recording computes every neuron: the calibration sees the dense FFN.
         let gf = if self.recording.load(Ordering::Relaxed) {
@@ -506,6 +626,9 @@ impl InputSparseFfn {
                     self.row(&mut s, self.thresholds, gf, xr, o);
                 }
             }
+        }
+        if let (Some(sp), Some(p)) = (&self.split, pending) {
+            sp.hot.finish(p, out)?;
         }
         Ok(())
     }
@@ -554,6 +677,10 @@ impl InputSparseFfn {
             }
             Some((h, u)) => {
                 scored(&mut sc.down, h, self.weight(&self.down));
+                sc.h_abs.resize(h.len(), 0.0);
+                for (a, &v) in sc.h_abs.iter_mut().zip(h) {
+                    *a += f64::from(v.abs());
+                }
                 sc.up_abs.resize(u.len(), 0.0);
                 for (a, &v) in sc.up_abs.iter_mut().zip(u) {
                     *a += f64::from(v.abs());
@@ -573,6 +700,8 @@ impl InputSparseFfn {
         out: &mut [f32],
     ) {
         let n = self.spec.intermediate;
+        // Gate's and up's rows: the cold neurons of a split FFN, else every neuron.
+        let nc = self.split.as_ref().map_or(n, |sp| sp.cold.len());
         self.record(x, None);
         let (ups, keep) = match &self.up {
             Up::Columns(um) => (self.gate_up_columns(s, t, x, um), None),
@@ -584,21 +713,22 @@ impl InputSparseFfn {
             down,
             gu,
             h,
+            hs,
             y,
             traffic,
             keep: keep_mask,
             ..
         } = s;
         let act = self.spec.activation;
-        h.resize(n, 0.0);
-        let u = &gu[ups..ups + n];
+        h.resize(nc, 0.0);
+        let u = &gu[ups..ups + nc];
         let bias = |b: &Option<Vec<f32>>, j: usize| b.as_ref().map_or(0.0, |b| b[j]);
         match (
             self.gate.is_some(),
             self.gate_bias.is_some() || self.up_bias.is_some(),
         ) {
             // Without biases the activation is one tight loop over the row.
-            (true, false) => act.gated_into(&gu[..n], u, h),
+            (true, false) => act.gated_into(&gu[..nc], u, h),
             (false, false) => act.ungated_into(u, h),
             (true, true) => {
                 for (j, (hv, &u)) in h.iter_mut().zip(u).enumerate() {
@@ -618,6 +748,13 @@ impl InputSparseFfn {
                 }
             }
         }
+        let h = match &self.split {
+            Some(sp) => {
+                sp.scatter(h, 1, n, hs);
+                &*hs
+            }
+            None => &*h,
+        };
         self.record(x, Some((h, u)));
         down.mask(h, self.weight(&self.down), t.down, &self.down);
         let cd = self.down.chunks();

@@ -92,6 +92,9 @@ pub struct InputScores {
     /// Per neuron, the sum of `|u_j|` (up's output) over the recorded rows: `E|u_j|` for the
     /// CHESS rule.
     pub up_abs: Vec<f64>,
+    /// Per neuron, the sum of `|h_j|` (down's input) over the recorded rows: which neurons
+    /// [`crate::tier::hot_neurons`] puts on a device.
+    pub h_abs: Vec<f64>,
 }
 
 /// While recording, every `SAMPLE_EVERY`-th FFN input row is kept as a sample.

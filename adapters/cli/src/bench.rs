@@ -396,8 +396,11 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         }
     }
     let mut notes = Vec::new();
-    if !a.vram_budget.is_empty() {
+    if !a.vram_budget.is_empty() && want(BenchMode::Sparse) {
         measure_tiers(&path, &settings, &prompt, a, &mut rows, &mut notes)?;
+    }
+    if !a.vram_budget.is_empty() && gguf && want(BenchMode::Input) {
+        measure_hot(&path, &settings, &prompt, a, &mut rows, &mut notes)?;
     }
     peer_run(&mut lcpp)?;
     let bw_end = powerinfer::cpu::read_bandwidth(threads);
@@ -489,6 +492,67 @@ fn measure_tiers(
                 per(c.bytes_copied) / 1e3,
                 per(c.prefetched)
             ));
+        }
+    }
+    Ok(())
+}
+
+/// The default sparse mode with FFN neurons on the `--tier` device, two rows per
+/// `--vram-budget`: `split B`, whole layers' FFNs on the device from the first layer on and the
+/// others on our dense decoder (the layer split users run today), and `hybrid B`, every layer's
+/// most active neurons on the device and the others under the input rule on the CPU. The
+/// rows' bytes are what the CPU reads (the model's less the device's). Attention stays on the
+/// CPU in both.
+fn measure_hot(
+    path: &std::path::Path,
+    settings: &SparseSettings,
+    prompt: &[u32],
+    a: &BenchArgs,
+    rows: &mut Vec<Row>,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    use powerinfer_candle::HotPlacement;
+    if let Err(e) = powerinfer_candle::hot_device(a.tier.0) {
+        notes.push(format!(
+            "no `split`/`hybrid` rows: device `{}`: {e}",
+            a.tier
+        ));
+        return Ok(());
+    }
+    let scores = crate::input::neuron_scores(path, settings.threads)?;
+    for b in &a.vram_budget {
+        for placement in [HotPlacement::LayerSplit, HotPlacement::Hybrid] {
+            let (mut m, rule) = match placement {
+                HotPlacement::LayerSplit => {
+                    let layouts = crate::input::dense_layouts();
+                    let m = crate::input::load_input(path, settings.threads, false, layouts)?;
+                    (m, "dense".to_string())
+                }
+                HotPlacement::Hybrid => {
+                    let sm = crate::input::load_rule(path, settings)?;
+                    (sm.m, sm.label)
+                }
+            };
+            let r = crate::input::place_hot_with(&mut m, path, &scores, *b, placement, a.tier)?;
+            // The layer split's CPU layers run the dense decoder's FFN.
+            m.model.run_rows_dense()?;
+            let label = match placement {
+                HotPlacement::LayerSplit => format!("split {b}"),
+                HotPlacement::Hybrid => format!("hybrid {b}"),
+            };
+            let mut row = measure(&mut m.model, prompt, a.decode_tokens, a.runs, &label)?;
+            row.bytes = row.bytes.map(|v| (v - r.bytes as f64).max(0.0));
+            row.rule = Some(rule);
+            notes.push(format!(
+                "{label} ({placement} on {}): {:.1} MB of {:.1} MB FFN bytes on the device, {:.1}% of the neurons, {} of {} layers with neurons there",
+                a.tier,
+                r.bytes as f64 / 1e6,
+                r.ffn_bytes as f64 / 1e6,
+                100.0 * r.neuron_share(m.model.config().intermediate),
+                r.neurons.iter().filter(|&&n| n > 0).count(),
+                r.neurons.len()
+            ));
+            rows.push(row);
         }
     }
     Ok(())

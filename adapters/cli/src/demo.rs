@@ -54,11 +54,20 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     });
 
     let mut sm = crate::input::load_default_sparse(&path, &settings)?;
+    let hot = crate::input::place_hot(&mut sm, &path, &settings, &a.hot)?;
     let kind = match sm.input {
         true => "input-sparse FFN",
         false => "sparse FFN",
     };
-    let label = format!("{kind} (powerinfer, {})", sm.label);
+    let mut label = format!("{kind} (powerinfer, {})", sm.label);
+    if let Some(b) = a.hot.vram_budget {
+        label += &format!(
+            "; {} {b} on {}: {:.1}% of the neurons",
+            a.hot.placement.name(),
+            a.hot.tier,
+            100.0 * hot.neuron_share(sm.m.model.config().intermediate)
+        );
+    }
     let generation = run_one(&mut sm.m, &prompt, a.max_tokens, &label)?;
     let (_, realized) = sm.take_skipped();
     runs.push(Run {

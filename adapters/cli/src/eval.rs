@@ -45,8 +45,13 @@ fn default_run(
     ctx: usize,
     scoring: Scoring,
     ppl_dense: f64,
+    hot: &crate::HotArgs,
 ) -> Result<()> {
     let mut sm = crate::input::load_default_sparse(path, settings)?;
+    crate::input::place_hot(&mut sm, path, settings, hot)?;
+    if let Some(b) = hot.vram_budget {
+        sm.label += &format!("; {} {b} on {}", hot.placement.name(), hot.tier);
+    }
     sm.take_skipped();
     let pb = spinner(format!("perplexity: {}", sm.label));
     let ppl = scoring.perplexity(&mut sm.m.model, text, ctx)?;
@@ -121,7 +126,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         return input_sweep(a, &path, &settings, rules, &text, ppl_dense, scoring);
     }
     if settings.artifact.is_none() && !settings.h_rule {
-        return default_run(&path, &settings, &text, a.ctx, scoring, ppl_dense);
+        return default_run(&path, &settings, &text, a.ctx, scoring, ppl_dense, &a.hot);
     }
     let mut sp = load_sparse(&path, &settings)?;
     if sp.artifact.is_none() {

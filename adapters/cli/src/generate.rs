@@ -20,9 +20,17 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
     }
     let settings = SparseSettings::from_args(&a.model)?;
     let path = model_path(&a.model.model)?;
+    if a.hot.vram_budget.is_some() && !a.sparse {
+        bail!("--vram-budget places the sparse mode's neurons: add --sparse");
+    }
     let (mut m, label) = if a.sparse {
-        let sm = crate::input::load_default_sparse(&path, &settings)?;
-        (sm.m, format!("sparse: {}", sm.label))
+        let mut sm = crate::input::load_default_sparse(&path, &settings)?;
+        crate::input::place_hot(&mut sm, &path, &settings, &a.hot)?;
+        let mut label = format!("sparse: {}", sm.label);
+        if let Some(b) = a.hot.vram_budget {
+            label += &format!("; {} {b} on {}", a.hot.placement.name(), a.hot.tier);
+        }
+        (sm.m, label)
     } else {
         (load_dense(&path, settings.threads)?, String::new())
     };

@@ -613,3 +613,72 @@ mod tests {
         assert_eq!(mean(&[[0.0, 0.2, 0.4], [0.2, 0.2, 0.0]]), [0.1, 0.2, 0.2]);
     }
 }
+
+/// Puts `sm`'s FFN neurons (the default sparse mode, loaded from `path`) on the device of
+/// `hot.tier` within `hot.vram_budget`, as `hot.placement` says (nothing without a budget).
+pub(crate) fn place_hot(
+    sm: &mut SparseModel,
+    path: &std::path::Path,
+    settings: &crate::common::SparseSettings,
+    hot: &crate::HotArgs,
+) -> Result<powerinfer_candle::HotReport> {
+    let Some(budget) = hot.vram_budget else {
+        return Ok(powerinfer_candle::HotReport::default());
+    };
+    if !sm.input {
+        anyhow::bail!(
+            "--vram-budget puts the default sparse mode's neurons on a device; exact |h| \
+             thresholding (--sparsity, --threshold, --powerinfer) has its own tier in `bench`"
+        );
+    }
+    let placement = hot.placement.into();
+    let scores = match placement {
+        powerinfer_candle::HotPlacement::Hybrid => neuron_scores(path, settings.threads)?,
+        powerinfer_candle::HotPlacement::LayerSplit => Vec::new(),
+    };
+    place_hot_with(&mut sm.m, path, &scores, budget, placement, hot.tier)
+}
+
+/// Each layer's neuron statistics for the hybrid: the summed `|h|` of every neuron on 1024
+/// tokens of calibration speeches (1790-1999), recorded on a dense load of its own (the
+/// default sparse mode may have made layers dense already).
+pub(crate) fn neuron_scores(path: &std::path::Path, threads: usize) -> Result<Vec<InputScores>> {
+    let mut d = load_input(path, threads, false, dense_layouts())?;
+    let calib = crate::common::corpus_tokens(&d.tok, 1790..=1999, 1024)?;
+    let pb = spinner("ranking neurons on calibration text");
+    let s = d
+        .model
+        .record_input_scores(&calib, 256, InputScore::Magnitude)?;
+    pb.finish_and_clear();
+    Ok(s)
+}
+
+/// [`place_hot`] with the hybrid's `scores` given, saying what went where on stderr.
+pub(crate) fn place_hot_with(
+    m: &mut Loaded,
+    path: &std::path::Path,
+    scores: &[InputScores],
+    budget: crate::args::VramBudget,
+    placement: powerinfer_candle::HotPlacement,
+    tier: crate::args::Tier,
+) -> Result<powerinfer_candle::HotReport> {
+    let device = powerinfer_candle::hot_device(tier.0)?;
+    let bytes = budget.bytes(powerinfer_candle::ffn_file_bytes(path)?);
+    let r = m.model.place_hot(path, scores, bytes, placement, &device)?;
+    let layers = r.neurons.iter().filter(|&&n| n > 0).count();
+    eprintln!(
+        "{placement} {budget} on {tier}: {:.1} MB of {:.1} MB FFN bytes, {:.1}% of the \
+         neurons, in {layers} of {} layers",
+        r.bytes as f64 / 1e6,
+        r.ffn_bytes as f64 / 1e6,
+        100.0 * r.neuron_share(m.model.config().intermediate),
+        r.neurons.len(),
+    );
+    Ok(r)
+}
+
+/// Every matrix as dense rows (the rule drops nothing): the layer split's CPU layers and the
+/// hybrid's calibration load.
+pub(crate) fn dense_layouts() -> Layouts {
+    Layouts::Measured { drop: [0.0; 3] }
+}

@@ -15,7 +15,7 @@ mod rule_cache;
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub use args::{BenchMode, Budget, InputRule, Peer, Storage};
 pub use common::{load, Loaded, SparseSettings};
@@ -314,6 +314,56 @@ pub struct DemoArgs {
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Neurons of the sparse mode on a device.
+    #[command(flatten)]
+    pub hot: HotArgs,
+}
+
+/// `--vram-budget`, `--placement`, `--tier` of `generate` and `demo`: the default sparse mode's
+/// FFN neurons on a device.
+#[derive(Debug, Clone, Args)]
+pub struct HotArgs {
+    /// Put FFN neurons of the default sparse mode on a device (`--tier`) within this share of
+    /// the FFN weights' bytes (`50%`) or bytes (`2G`); the CPU computes the rest.
+    #[arg(long, value_name = "BUDGET")]
+    pub vram_budget: Option<args::VramBudget>,
+    /// How `--vram-budget` is spent: `hybrid` (every layer's most active neurons, PowerInfer's
+    /// placement) or `layer-split` (whole layers' FFNs from the first on, as `-ngl` does).
+    #[arg(long, value_enum, default_value_t = Placement::Hybrid)]
+    pub placement: Placement,
+    /// The device of `--vram-budget`: `cuda[:DEVICE]` (builds with the `cuda` feature) or
+    /// `reference` (the CPU computes the device's part first: checks the split, no speed-up).
+    /// Default: `cuda` in a CUDA build, else `reference`.
+    #[arg(long, default_value_t = args::Tier::default())]
+    pub tier: args::Tier,
+}
+
+/// `--placement`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Placement {
+    /// Every layer's most active neurons on the device.
+    Hybrid,
+    /// Whole layers' FFNs on the device, from the first layer on.
+    LayerSplit,
+}
+
+impl Placement {
+    /// The flag's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Hybrid => "hybrid",
+            Placement::LayerSplit => "layer-split",
+        }
+    }
+}
+
+impl From<Placement> for powerinfer_candle::HotPlacement {
+    fn from(p: Placement) -> Self {
+        match p {
+            Placement::Hybrid => powerinfer_candle::HotPlacement::Hybrid,
+            Placement::LayerSplit => powerinfer_candle::HotPlacement::LayerSplit,
+        }
+    }
 }
 
 /// `generate` flags.
@@ -343,6 +393,9 @@ pub struct GenerateArgs {
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Neurons on a device (with `--sparse`).
+    #[command(flatten)]
+    pub hot: HotArgs,
 }
 
 /// `bench` flags.
@@ -366,10 +419,12 @@ pub struct BenchArgs {
     /// others are skipped, saying why); a row named here that cannot run is an error.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<BenchMode>,
-    /// Also run the sparse model with a fast tier in every layer (`--tier`), one row per
-    /// budget: a share of the FFN weights' bytes or bytes, comma-separated (e.g.
-    /// `0%,25%,50%,100%`). The hottest neurons of all layers go first (the artifact's counts,
-    /// or counts measured on calibration text).
+    /// Also run rows with FFN weights on a device (`--tier`), per budget: a share of the FFN
+    /// weights' bytes or bytes, comma-separated (e.g. `0%,25%,50%,100%`). With the `sparse`
+    /// row, `tier B`: a fast tier in every layer, the hottest neurons of all layers first (the
+    /// artifact's counts, or counts measured on calibration text). With the `input` row
+    /// (GGUF), `split B` (whole layers' FFNs from the first, the others on our dense decoder)
+    /// and `hybrid B` (every layer's most active neurons, the others under the input rule).
     #[arg(long, value_delimiter = ',', value_name = "BUDGETS")]
     pub vram_budget: Vec<args::VramBudget>,
     /// Share of each `--vram-budget` kept for neuron caches (cold neurons the CPU used are copied
@@ -460,6 +515,10 @@ pub struct EvalArgs {
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Neurons of the default sparse mode on a device (its perplexity then includes the
+    /// device's part).
+    #[command(flatten)]
+    pub hot: HotArgs,
 }
 
 /// Runs a parsed command line.

@@ -713,3 +713,119 @@ fn synth_writes_a_model_the_commands_run() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn vram_budget_places_neurons_in_every_command() {
+    let d = temp("hot");
+    let f = d.join("tiny.gguf");
+    let path = f.to_str().unwrap();
+    let (ok, _, err) = powerinfer(&[
+        "synth",
+        "--out",
+        path,
+        "--layers",
+        "2",
+        "--hidden",
+        "256",
+        "--intermediate",
+        "512",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--vocab",
+        "400",
+        "--seed",
+        "5",
+    ]);
+    assert!(ok, "{err}");
+    let common = [
+        "--model",
+        path,
+        "--threads",
+        "1",
+        "--runs",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--decode-tokens",
+        "4",
+    ];
+    let mut args = vec!["bench", "--modes", "input", "--vram-budget", "50%,100%"];
+    args.extend(common);
+    args.extend(["--tier", "reference", "--output", "json"]);
+    let (ok, out, err) = powerinfer(&args);
+    assert!(ok, "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let modes: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["mode"].as_str())
+        .collect();
+    for m in ["split 50%", "hybrid 50%", "split 100%", "hybrid 100%"] {
+        assert!(modes.contains(&m), "{m} in {modes:?}");
+    }
+    // Half the bytes: one of the two layers whole, or part of every layer.
+    assert!(
+        err.contains("split 50% (layer split on reference:1)"),
+        "{err}"
+    );
+    assert!(err.contains("1 of 2 layers with neurons there"), "{err}");
+    assert!(err.contains("2 of 2 layers with neurons there"), "{err}");
+    // No device: the rows are left out with the reason, the rest runs.
+    if !cfg!(feature = "cuda") {
+        let mut args = vec!["bench", "--modes", "input", "--vram-budget", "50%"];
+        args.extend(common);
+        args.extend(["--tier", "cuda"]);
+        let (ok, out, err) = powerinfer(&args);
+        assert!(
+            ok && out.contains("no `split`/`hybrid` rows: device `cuda:0`"),
+            "{out}{err}"
+        );
+    }
+    let gen = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            path,
+            "--prompt",
+            "the fox",
+            "--max-tokens",
+            "4",
+        ];
+        args.extend(extra);
+        powerinfer(&args)
+    };
+    for placement in ["hybrid", "layer-split"] {
+        let (ok, out, err) = gen(&[
+            "--sparse",
+            "--vram-budget",
+            "50%",
+            "--tier",
+            "reference",
+            "--placement",
+            placement,
+        ]);
+        assert!(ok && out.starts_with("the fox"), "{out}{err}");
+        assert!(
+            err.contains(&format!("{placement} 50% on reference")),
+            "{err}"
+        );
+    }
+    let (ok, _, err) = gen(&["--vram-budget", "50%"]);
+    assert!(!ok && err.contains("add --sparse"), "{err}");
+    let (ok, _, err) = gen(&["--sparse", "--vram-budget", "half"]);
+    assert!(!ok && err.contains("not `half`"), "{err}");
+    let (ok, _, err) = gen(&[
+        "--sparse",
+        "--sparsity",
+        "0.5",
+        "--vram-budget",
+        "50%",
+        "--tier",
+        "reference",
+    ]);
+    assert!(!ok && err.contains("has its own tier in `bench`"), "{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
