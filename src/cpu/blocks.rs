@@ -1,6 +1,7 @@
-//! Every GGUF block type the dense packed product takes ([`BlockKind`]), the 8-bit input of the
-//! K-quants (`Q8K`, ggml's `block_q8_K`), and the per-block reference products written from the
-//! GGUF block layouts, against which every packed kernel is checked bit for bit.
+//! Every GGUF block type the dense packed product takes ([`BlockKind`]) and the per-block
+//! reference products written from the GGUF block layouts, against which every packed kernel is
+//! checked bit for bit. The inputs they read are `quant`'s: the 32-value Q8 blocks and the
+//! K-quants' `Q8K` (ggml's `block_q8_K`).
 //!
 //! Layouts are ggml's:
 //! - 32-weight blocks: Q4_0 `{d, qs[16]}` (`d (q - 8)`), Q4_1 `{d, m, qs[16]}` (`d q + m`), Q8_0
@@ -20,10 +21,7 @@
 
 use half::f16;
 
-use super::quant::{QuantKind, QuantizedRow, QK};
-
-/// Weights per K-quant super-block.
-pub const QK_K: usize = 256;
+use super::quant::{Inputs, QuantKind, QuantizedRow, QK, QK_K};
 
 /// A GGUF block type of the dense packed product ([`crate::cpu::PackedRows`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,25 +42,6 @@ pub enum BlockKind {
     Q5K,
     /// 6-bit K-quant, 210 bytes per 256 weights.
     Q6K,
-}
-
-/// How a block type wants its input quantized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Inputs {
-    /// 32-value blocks (ggml's Q8_0 / Q8_1: [`QuantizedRow::quantize`]).
-    pub blocks32: bool,
-    /// 256-value super-blocks (ggml's Q8_K), for the K-quants.
-    pub k: bool,
-}
-
-impl Inputs {
-    /// Both needs.
-    pub fn union(self, o: Inputs) -> Inputs {
-        Inputs {
-            blocks32: self.blocks32 || o.blocks32,
-            k: self.k || o.k,
-        }
-    }
 }
 
 /// One field of a block: `len` bytes at `at`. In the packed layout a 2-byte field becomes a plane
@@ -245,64 +224,6 @@ impl From<QuantKind> for BlockKind {
 impl std::fmt::Display for BlockKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// A row quantized as ggml's `quantize_row_q8_K` does: per 256 values `d = max / -127` (the
-/// signed value of largest magnitude, f32), `q = nearest_int(x / d)` (ties to even) capped at
-/// 127, and the sums of each 16 values.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Q8K {
-    pub(crate) d: Vec<f32>,
-    pub(crate) q: Vec<i8>,
-    pub(crate) bsum: Vec<i16>,
-}
-
-impl Q8K {
-    /// Quantizes the whole super-blocks of `x`, reusing the buffers.
-    pub(crate) fn quantize(&mut self, x: &[f32]) {
-        let nb = x.len() / QK_K;
-        self.d.resize(nb, 0.0);
-        self.q.resize(nb * QK_K, 0);
-        self.bsum.resize(nb * QK_K / 16, 0);
-        for (b, blk) in x.chunks_exact(QK_K).enumerate() {
-            let (mut amax, mut max) = (0f32, 0f32);
-            for &v in blk {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
-                }
-            }
-            let q = &mut self.q[b * QK_K..(b + 1) * QK_K];
-            if amax == 0.0 {
-                self.d[b] = 0.0;
-                q.fill(0);
-            } else {
-                let iscale = -127.0 / max;
-                for (q, &v) in q.iter_mut().zip(blk) {
-                    *q = (iscale * v).round_ties_even().clamp(-128.0, 127.0) as i8;
-                }
-                self.d[b] = 1.0 / iscale;
-            }
-            for (s, q16) in self.bsum[b * 16..(b + 1) * 16]
-                .iter_mut()
-                .zip(q.chunks_exact(16))
-            {
-                *s = q16.iter().map(|&v| v as i16).sum();
-            }
-        }
-    }
-
-    /// Holds nothing (the row was not quantized in this form).
-    pub(crate) fn clear(&mut self) {
-        self.d.clear();
-        self.q.clear();
-        self.bsum.clear();
-    }
-
-    /// Super-blocks held.
-    pub(crate) fn blocks(&self) -> usize {
-        self.d.len()
     }
 }
 

@@ -12,9 +12,9 @@ use half::{bf16, f16};
 use std::ops::Range;
 
 use super::colblocks::{self, ActiveChannels, ColumnBlocks};
-use super::columns::{self, ActiveColumns, ColumnMatrix};
+use super::columns::{self, ActiveColumns, ColumnData, ColumnMatrix};
 use super::packed::{self, PackedRows};
-use super::quant::{self, QuantKind, QuantizedRow};
+use super::quant::{self, QuantKind, QuantizedRow, QK};
 use super::simd::{self, Scalar};
 use super::split;
 use crate::error::{Error, Result};
@@ -211,17 +211,8 @@ macro_rules! table {
             axpy4_f32: |y, a, w| unsafe { axpy4::<f32>(y, a, w) },
             axpy4_f16: |y, a, w| unsafe { axpy4::<f16>(y, a, w) },
             axpy4_bf16: |y, a, w| unsafe { axpy4::<bf16>(y, a, w) },
-            dot_q: quant::dot_scalar,
-            axpy_q8_0: quant::axpy_q8_0_scalar,
-            gemm_q: packed::gemm_scalar,
-            columns_q: columns::product_scalar,
-            column_blocks_q: colblocks::product_scalar,
-            column_blocks_rows_q: colblocks::product_rows_scalar,
-            column_blocks_simd: false,
-            dot_qs: split::dot_scalar,
-            dot2_qs: split::dot2_scalar,
-            axpy_qs: split::axpy_scalar,
-            axpy4_qs: split::axpy4_scalar,
+            // The integer kernels start portable; `Kernels::new` replaces those the CPU has.
+            ..Kernels::scalar()
         }
     }};
 }
@@ -390,7 +381,7 @@ impl Kernels {
         active: &ActiveColumns,
         out: &mut [f32],
     ) {
-        columns::product(self, m, chunks, x, xq, active.columns(), out)
+        column_product(self, m, chunks, x, xq, active.columns(), out)
     }
 
     /// `POWERINFER_CPU` if set, else the best detected tier.
@@ -521,6 +512,95 @@ impl Kernels {
     /// The four-row axpy kernel for storage element `E`.
     pub(crate) fn axpy4<E: RowElem>(&self) -> Axpy4Fn<E> {
         E::axpy4(self)
+    }
+}
+
+/// The packed product's driver: `out[((g - groups.start) * xs.len() + r) * 16 + l] = row (16 g + l) . xs[r]` for the groups in
+/// `groups`, with the kernels of `k`. Inputs with fewer blocks than the matrix, groups past the
+/// matrix or an `out` too short are cut to what fits (never read or written out of bounds).
+pub(crate) fn gemm(
+    k: &Kernels,
+    p: &PackedRows,
+    groups: Range<usize>,
+    xs: &[QuantizedRow],
+    out: &mut [f32],
+) {
+    let groups = packed::clamp_groups(p, groups, xs.len(), out);
+    if groups.is_empty() {
+        return;
+    }
+    if xs
+        .iter()
+        .any(|x| packed::input_blocks(p.kind(), x) < p.blocks())
+    {
+        // A short input row: the reference cuts each row to its own blocks.
+        return packed::gemm_scalar(p, groups, xs, out);
+    }
+    (k.gemm_q)(p, groups, xs, out)
+}
+
+/// The column product's driver (the body of [`Kernels::columns`]):
+/// `out = W[rows of chunks, active] . x[active]` for the rows in `chunks` (`out` holds
+/// `chunks.len() * columns::CHUNK` values). Quantized matrices take `xq` (the input quantized by
+/// [`QuantizedRow::quantize`], whose nonzero values `active` lists); float matrices take `x`.
+/// Arguments that do not fit (chunks past the matrix, a short `out` or input) are cut to what
+/// fits: never read or written out of bounds.
+pub(crate) fn column_product(
+    k: &Kernels,
+    m: &ColumnMatrix,
+    chunks: Range<usize>,
+    x: &[f32],
+    xq: &QuantizedRow,
+    active: &[u32],
+    out: &mut [f32],
+) {
+    let end = chunks
+        .end
+        .min(m.chunks())
+        .min(chunks.start + out.len() / columns::CHUNK);
+    let chunks = chunks.start.min(end)..end;
+    let out = &mut out[..chunks.len() * columns::CHUNK];
+    let active = match active.iter().position(|&c| c as usize >= m.cols()) {
+        Some(n) => &active[..n],
+        None => active,
+    };
+    match &m.data {
+        ColumnData::Quant { .. } => {
+            if xq.values().len() < m.cols() || xq.blocks() < m.cols() / QK {
+                return out.fill(0.0);
+            }
+            (k.columns_q)(m, chunks, xq, active, out)
+        }
+        ColumnData::F32(w) => float(k, w, m.pad(), chunks, x, active, out),
+        ColumnData::F16(w) => float(k, w, m.pad(), chunks, x, active, out),
+        ColumnData::BF16(w) => float(k, w, m.pad(), chunks, x, active, out),
+    }
+}
+
+/// Float columns: four active columns per pass over the outputs (`axpy4`), the rest one by one.
+fn float<E: RowElem>(
+    k: &Kernels,
+    w: &[E],
+    pad: usize,
+    chunks: Range<usize>,
+    x: &[f32],
+    active: &[u32],
+    out: &mut [f32],
+) {
+    out.fill(0.0);
+    let rows = chunks.start * columns::CHUNK..chunks.end * columns::CHUNK;
+    let col = |c: u32| &w[c as usize * pad..][rows.clone()];
+    let active = match active.iter().position(|&c| c as usize >= x.len()) {
+        Some(n) => &active[..n],
+        None => active,
+    };
+    let mut quads = active.chunks_exact(4);
+    for q in quads.by_ref() {
+        let a = [q[0], q[1], q[2], q[3]];
+        k.axpy4::<E>()(out, a.map(|c| x[c as usize]), a.map(col));
+    }
+    for &c in quads.remainder() {
+        k.axpy::<E>()(out, x[c as usize], col(c));
     }
 }
 

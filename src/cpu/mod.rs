@@ -30,13 +30,13 @@ mod x86;
 
 pub use attention::{attend, KvRows};
 pub use bandwidth::{read_bandwidth, ReadBandwidth};
-pub use blocks::{dequantize_blocks, dot_row, BlockKind, Inputs, QK_K};
+pub use blocks::{dequantize_blocks, dot_row, BlockKind};
 pub(crate) use bundles::{BundleData, BundleLayout, BundleView};
 pub use colblocks::{ActiveChannels, ColumnBlocks, SLAB_ROWS, UNIT_ROWS};
-pub(crate) use columns::product as column_product;
 pub use columns::{ActiveColumns, ColumnMatrix, ColumnStorage, CHUNK};
 pub(crate) use dense_pass::{DensePass, NeuronRow};
 pub use float_rows::FloatRows;
+pub(crate) use kernels::{column_product, gemm};
 pub use kernels::{Kernels, SimdLevel, SIMD_LEVEL_ENV};
 
 /// Asks the CPU to start loading `s` into cache (a hint: never faults, no effect elsewhere).
@@ -111,10 +111,9 @@ pub(crate) fn evict_share<T>(s: &[T], t: usize, n: usize) -> bool {
 /// How many neurons ahead the row loops prefetch.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
 pub use heap::release_freed_memory;
-pub(crate) use packed::gemm;
 pub use packed::{PackedRows, PACK};
 pub(crate) use pool::spin;
 pub use pool::{share, Pool, SPIN_ENV};
-pub use quant::{dequantize_row, quantize_row_q8_0, QuantKind, QuantizedRow, QK};
+pub use quant::{dequantize_row, quantize_row_q8_0, Inputs, QuantKind, QuantizedRow, QK, QK_K};
 pub(crate) use sparse::{SparseJob, ThreadScratch};
 pub use split::{dequantize_split_row, split_row};

@@ -5,13 +5,37 @@
 //! `d * (q - 8)`), Q4_1 `{d: f16, m: f16, qs: [u8; 16]}` (value `d * q + m`), Q8_0
 //! `{d: f16, qs: [i8; 32]}` (value `d * q`); weight `j < 16` is the low nibble of `qs[j]`, weight
 //! `j + 16` the high nibble. Scalar kernels are the reference; AVX2 kernels are used when detected.
+//!
+//! Also the input side of every product: [`QuantizedRow`] holds a row quantized as ggml's
+//! `block_q8_0`/`block_q8_1` (32 values) and, for the K-quants, as `block_q8_K` (`Q8K`, 256
+//! values); [`Inputs`] says which forms a block type reads.
 
 use half::f16;
 
-use super::blocks::Inputs;
-
 /// Weights per block.
 pub const QK: usize = 32;
+
+/// Weights per K-quant super-block.
+pub const QK_K: usize = 256;
+
+/// How a block type wants its input quantized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Inputs {
+    /// 32-value blocks (ggml's Q8_0 / Q8_1: [`QuantizedRow::quantize`]).
+    pub blocks32: bool,
+    /// 256-value super-blocks (ggml's Q8_K), for the K-quants.
+    pub k: bool,
+}
+
+impl Inputs {
+    /// Both needs.
+    pub fn union(self, o: Inputs) -> Inputs {
+        Inputs {
+            blocks32: self.blocks32 || o.blocks32,
+            k: self.k || o.k,
+        }
+    }
+}
 
 /// A GGUF block type of sparse rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -68,7 +92,7 @@ pub struct QuantizedRow {
     pub(crate) q4: Vec<i8>,
     /// The row as ggml's Q8_K (256-value super-blocks), for the K-quants; empty unless asked
     /// for ([`QuantizedRow::quantize_for`]).
-    pub(crate) k: super::blocks::Q8K,
+    pub(crate) k: Q8K,
 }
 
 impl QuantizedRow {
@@ -180,7 +204,7 @@ impl QuantizedRow {
     /// `inputs.k`): `out[j] = d_k[j / 256] * q_k[j]`.
     pub fn dequantize_k(&self, out: &mut [f32]) {
         for (j, (o, &q)) in out.iter_mut().zip(&self.k.q).enumerate() {
-            *o = self.k.d[j / super::blocks::QK_K] * q as f32;
+            *o = self.k.d[j / QK_K] * q as f32;
         }
     }
 
@@ -396,5 +420,63 @@ pub(crate) mod avx2 {
                 }
             }
         }
+    }
+}
+
+/// A row quantized as ggml's `quantize_row_q8_K` does: per 256 values `d = max / -127` (the
+/// signed value of largest magnitude, f32), `q = nearest_int(x / d)` (ties to even) capped at
+/// 127, and the sums of each 16 values.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Q8K {
+    pub(crate) d: Vec<f32>,
+    pub(crate) q: Vec<i8>,
+    pub(crate) bsum: Vec<i16>,
+}
+
+impl Q8K {
+    /// Quantizes the whole super-blocks of `x`, reusing the buffers.
+    pub(crate) fn quantize(&mut self, x: &[f32]) {
+        let nb = x.len() / QK_K;
+        self.d.resize(nb, 0.0);
+        self.q.resize(nb * QK_K, 0);
+        self.bsum.resize(nb * QK_K / 16, 0);
+        for (b, blk) in x.chunks_exact(QK_K).enumerate() {
+            let (mut amax, mut max) = (0f32, 0f32);
+            for &v in blk {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            let q = &mut self.q[b * QK_K..(b + 1) * QK_K];
+            if amax == 0.0 {
+                self.d[b] = 0.0;
+                q.fill(0);
+            } else {
+                let iscale = -127.0 / max;
+                for (q, &v) in q.iter_mut().zip(blk) {
+                    *q = (iscale * v).round_ties_even().clamp(-128.0, 127.0) as i8;
+                }
+                self.d[b] = 1.0 / iscale;
+            }
+            for (s, q16) in self.bsum[b * 16..(b + 1) * 16]
+                .iter_mut()
+                .zip(q.chunks_exact(16))
+            {
+                *s = q16.iter().map(|&v| v as i16).sum();
+            }
+        }
+    }
+
+    /// Holds nothing (the row was not quantized in this form).
+    pub(crate) fn clear(&mut self) {
+        self.d.clear();
+        self.q.clear();
+        self.bsum.clear();
+    }
+
+    /// Super-blocks held.
+    pub(crate) fn blocks(&self) -> usize {
+        self.d.len()
     }
 }

@@ -142,7 +142,7 @@ impl HotNeurons {
             return Err(Error::config("hot neurons", format!("neuron {j} of {n}")));
         }
         let all = ids.len() == n;
-        if ids.is_empty() || (!all && ids.len() % HOT_GROUP != 0) {
+        if ids.is_empty() || (!all && !ids.len().is_multiple_of(HOT_GROUP)) {
             return Err(Error::config(
                 "hot neurons",
                 format!(

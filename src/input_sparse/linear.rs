@@ -7,13 +7,13 @@
 //! same order).
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Module, Tensor};
 
 use super::columns::{chunked_at, Inputs};
+use super::record::Recorder;
 use super::{Columns, Input, WeightTraffic};
 use crate::analysis::Histogram;
 use crate::cpu::{Kernels, Pool, SimdLevel, CHUNK};
@@ -48,8 +48,7 @@ pub struct InputSparseLinear {
     threshold: f32,
     kernels: Kernels,
     pool: Arc<Pool>,
-    recording: AtomicBool,
-    hist: Mutex<Option<Histogram>>,
+    scores: Recorder<Histogram>,
     scratch: Mutex<Scratch>,
     /// f16/bf16 inputs widened to f32 (`forward_tensor`).
     xbuf: Mutex<Vec<f32>>,
@@ -129,8 +128,7 @@ impl InputSparseLinear {
             threshold: 0.0,
             kernels,
             pool: Pool::shared(threads),
-            recording: AtomicBool::new(false),
-            hist: Mutex::new(None),
+            scores: Recorder::default(),
             scratch: Mutex::new(Scratch::default()),
             xbuf: Mutex::new(Vec::new()),
         })
@@ -165,14 +163,12 @@ impl InputSparseLinear {
 
     /// Starts recording `|x_i|` of every input entry into a fresh histogram (calibration).
     pub fn record_scores(&self) {
-        *self.hist.lock().unwrap_or_else(|e| e.into_inner()) = Some(Histogram::default());
-        self.recording.store(true, Ordering::Relaxed);
+        self.scores.start();
     }
 
     /// Stops recording and returns the histogram.
     pub fn take_scores(&self) -> Option<Histogram> {
-        self.recording.store(false, Ordering::Relaxed);
-        self.hist.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.scores.take()
     }
 
     /// Returns and resets the weight bytes read since the last call.
@@ -191,11 +187,7 @@ impl InputSparseLinear {
     pub fn forward_f32(&self, x: &[f32], rows: usize, out: &mut [f32]) -> Result<()> {
         let (o, i) = self.dims();
         check_f32_rows_io(x, rows, i, out, o)?;
-        if self.recording.load(Ordering::Relaxed) {
-            if let Some(h) = self.hist.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                h.record_all(x);
-            }
-        }
+        self.scores.add(|h| h.record_all(x));
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if rows > 1 {
             self.rows_batched(&mut s, x, rows, out);

@@ -14,7 +14,6 @@
 //! results are bit-identical across runs and thread counts. No allocation per row once the block
 //! has run.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::QTensor;
@@ -35,6 +34,7 @@ mod greedy;
 mod hot;
 mod linear;
 mod plan;
+mod record;
 mod rule;
 
 pub use chess::ChessRule;
@@ -45,6 +45,7 @@ pub use greedy::{GreedyPath, GreedyStep};
 pub use hot::{hot_count, hot_neuron_bytes, hot_neurons, HotNeurons, HOT_GROUP};
 pub use linear::InputSparseLinear;
 pub use plan::{FfnMatrix, LayoutDecision, LayoutPlanner, Layouts, MARGIN, REPEATS};
+use record::Recorder;
 pub use rule::{
     split_target, InputScore, InputScores, InputThresholds, WeightTraffic, MAX_SAMPLES,
     SAMPLE_EVERY,
@@ -144,8 +145,7 @@ pub struct InputSparseFfn {
     thresholds: InputThresholds,
     kernels: Kernels,
     pool: Arc<Pool>,
-    recording: AtomicBool,
-    scores: Mutex<Option<InputScores>>,
+    scores: Recorder<InputScores>,
     scratch: Mutex<Scratch>,
     /// f16/bf16 inputs widened to f32 (`forward_tensor`).
     xbuf: Mutex<Vec<f32>>,
@@ -262,8 +262,7 @@ impl InputSparseFfn {
             thresholds: InputThresholds::default(),
             kernels,
             pool: Pool::shared(threads),
-            recording: AtomicBool::new(false),
-            scores: Mutex::new(None),
+            scores: Recorder::default(),
             scratch: Mutex::new(Scratch::default()),
             xbuf: Mutex::new(Vec::new()),
             split: None,
@@ -297,16 +296,58 @@ impl InputSparseFfn {
         tier: Option<SimdLevel>,
         layouts: [Layout; 3],
     ) -> Result<Self> {
+        Self::from_blocks(spec, gate, up, down, threads, tier, layouts, None)
+    }
+
+    /// [`InputSparseFfn::from_qtensors_as`] with gate and up cut to the neurons `rows` when
+    /// given (increasing, in range): the CPU's part of a split FFN.
+    #[allow(clippy::too_many_arguments)]
+    fn from_blocks(
+        spec: FfnSpec,
+        gate: Option<&QTensor>,
+        up: &QTensor,
+        down: &QTensor,
+        threads: usize,
+        tier: Option<SimdLevel>,
+        layouts: [Layout; 3],
+        rows: Option<&[u32]>,
+    ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
         let k = kernels(threads, tier)?;
         let [lg, lu, ld] = layouts;
+        let nr = rows.map_or(n, <[u32]>::len);
+        // Gate's and up's rows: the file's, or those of `rows` copied out of them.
+        let cut = |t: &QTensor, name: &str| -> Result<Option<QTensor>> {
+            rows.map(|r| hot::rows_of(t, name, r, &candle_core::Device::Cpu))
+                .transpose()
+        };
         // Gate and up run in one dispatch (up alone without a gate), down alone.
-        let su = columns::slab_rows(n, 1 + usize::from(gate.is_some()), threads);
+        let su = columns::slab_rows(nr.max(1), 1 + usize::from(gate.is_some()), threads);
         let sd = columns::slab_rows(h, 1, threads);
         let gate = gate
-            .map(|g| Columns::from_qtensor_as(g, "gate_proj.weight", n, h, &k, lg, su))
+            .map(|g| {
+                let c = cut(g, "gate_proj.weight")?;
+                Columns::from_qtensor_as(
+                    c.as_ref().unwrap_or(g),
+                    "gate_proj.weight",
+                    nr,
+                    h,
+                    &k,
+                    lg,
+                    su,
+                )
+            })
             .transpose()?;
-        let up = Columns::from_qtensor_as(up, "up_proj.weight", n, h, &k, lu, su)?;
+        let cu = cut(up, "up_proj.weight")?;
+        let up = Columns::from_qtensor_as(
+            cu.as_ref().unwrap_or(up),
+            "up_proj.weight",
+            nr,
+            h,
+            &k,
+            lu,
+            su,
+        )?;
         let up = Up::Columns(up);
         let down = Columns::from_qtensor_as(down, "down_proj.weight", h, n, &k, ld, sd)?;
         Self::build(spec, gate, up, down, threads, k)
@@ -335,7 +376,7 @@ impl InputSparseFfn {
         hot: &[u32],
         device: &candle_core::Device,
     ) -> Result<Self> {
-        let (h, n) = (spec.hidden, spec.intermediate);
+        let n = spec.intermediate;
         let hot = HotNeurons::new(&spec, gate, up, down, hot, device)?;
         let mut cold = Vec::with_capacity(n - hot.ids().len());
         let mut ids = hot.ids().iter().peekable();
@@ -346,30 +387,7 @@ impl InputSparseFfn {
                 cold.push(j);
             }
         }
-        let cpu = candle_core::Device::Cpu;
-        let k = kernels(threads, tier)?;
-        let [lg, lu, ld] = layouts;
-        let nc = cold.len();
-        let su = columns::slab_rows(nc.max(1), 1 + usize::from(gate.is_some()), threads);
-        let sd = columns::slab_rows(h, 1, threads);
-        let gate = gate
-            .map(|g| {
-                let g = hot::rows_of(g, "gate_proj.weight", &cold, &cpu)?;
-                Columns::from_qtensor_as(&g, "gate_proj.weight", nc, h, &k, lg, su)
-            })
-            .transpose()?;
-        let up = hot::rows_of(up, "up_proj.weight", &cold, &cpu)?;
-        let up = Up::Columns(Columns::from_qtensor_as(
-            &up,
-            "up_proj.weight",
-            nc,
-            h,
-            &k,
-            lu,
-            su,
-        )?);
-        let down = Columns::from_qtensor_as(down, "down_proj.weight", h, n, &k, ld, sd)?;
-        let mut f = Self::build(spec, gate, up, down, threads, k)?;
+        let mut f = Self::from_blocks(spec, gate, up, down, threads, tier, layouts, Some(&cold))?;
         f.split = Some(Split { hot, cold });
         Ok(f)
     }
@@ -401,7 +419,7 @@ impl InputSparseFfn {
             && self.down_bias.is_none()
             && self.chess.is_none()
             && self.split.is_none()
-            && !self.recording.load(Ordering::Relaxed);
+            && !self.scores.is_on();
         fn rows(c: &Columns) -> Option<&PackedRows> {
             match c {
                 Columns::Rows {
@@ -566,14 +584,12 @@ impl InputSparseFfn {
     /// Starts recording the scores of every entry (as the dense FFN sees them, before any
     /// threshold) into fresh histograms: calibration.
     pub fn record_scores(&self) {
-        *self.scores.lock().unwrap_or_else(|e| e.into_inner()) = Some(InputScores::default());
-        self.recording.store(true, Ordering::Relaxed);
+        self.scores.start();
     }
 
     /// Stops recording and returns the histograms.
     pub fn take_scores(&self) -> Option<InputScores> {
-        self.recording.store(false, Ordering::Relaxed);
-        self.scores.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.scores.take()
     }
 
     /// Returns and resets the weight bytes read since the last call.
@@ -611,7 +627,7 @@ impl InputSparseFfn {
         }
         let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         // Recording computes every neuron: the calibration sees the dense FFN.
-        let gf = if self.recording.load(Ordering::Relaxed) {
+        let gf = if self.scores.is_on() {
             None
         } else {
             self.chess.as_ref()
@@ -650,11 +666,10 @@ impl InputSparseFfn {
     }
 
     fn record(&self, x: &[f32], h: Option<(&[f32], &[f32])>) {
-        if !self.recording.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut g = self.scores.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(sc) = g.as_mut() else { return };
+        self.scores.add(|sc| self.record_into(sc, x, h));
+    }
+
+    fn record_into(&self, sc: &mut InputScores, x: &[f32], h: Option<(&[f32], &[f32])>) {
         let scored = |hist: &mut Histogram, v: &[f32], w: Option<&[f32]>| match w {
             None => hist.record_all(v),
             Some(w) => v
@@ -664,7 +679,8 @@ impl InputSparseFfn {
         };
         match h {
             None => {
-                if sc.rows % SAMPLE_EVERY == 0 && sc.samples.len() < MAX_SAMPLES * x.len() {
+                if sc.rows.is_multiple_of(SAMPLE_EVERY) && sc.samples.len() < MAX_SAMPLES * x.len()
+                {
                     sc.samples.extend_from_slice(x);
                 }
                 sc.rows += 1;

@@ -208,7 +208,7 @@ pub fn native_storage(path: &Path) -> Result<powerinfer::WeightDType> {
     if path.is_dir() {
         return Ok(WeightDType::F16);
     }
-    let g = crate::GgufFile::open(path)?;
+    let g = crate::gguf::GgufFile::open(path)?;
     let name = "blk.0.ffn_up.weight";
     let info = g
         .content

@@ -505,6 +505,6 @@ impl Llama {
 }
 
 /// The typed error of an input-sparse call on a model whose FFN is not input-sparse.
-fn not_input_sparse(why: String) -> crate::Error {
+fn not_input_sparse(why: String) -> crate::error::Error {
     ErrorKind::Engine(powerinfer::Error::config("ffn", why)).into()
 }

@@ -4,11 +4,11 @@
 use std::fs::File;
 use std::path::Path;
 
-use candle_core::quantized::{gguf_file, QMatMul, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
+use powerinfer::format::GgufMagic;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::Linear;
 
 /// A GGUF file opened for reading: its metadata and where it lives.
 #[derive(Debug)]
@@ -17,7 +17,7 @@ pub struct GgufFile {
     pub content: gguf_file::Content,
     /// `GGUF`, or PowerInfer's `PWRI` (a llama file PowerInfer runs sparse: ReLU FFN,
     /// `ffn_down_t`, predictors).
-    pub magic: powerinfer::format::GgufMagic,
+    pub magic: GgufMagic,
     pub(crate) path: std::path::PathBuf,
     pub(crate) file: File,
 }
@@ -27,26 +27,13 @@ impl GgufFile {
     /// (a truncated download is reported here, naming the first tensor cut off).
     pub fn open(path: &Path) -> Result<Self> {
         let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let (magic, content) = crate::pwri::read_header(&mut file, path)?;
+        let (magic, content) = read_header(&mut file, path)?;
         Ok(GgufFile {
             content,
             magic,
             path: path.to_path_buf(),
             file,
         })
-    }
-
-    /// A linear layer `{name}.weight` (kept quantized) with `{name}.bias` if present: powerinfer's
-    /// `QLinear` on `threads` threads when given and the block type allows, else candle's matmul.
-    pub fn linear(&mut self, name: &str, powerinfer_threads: Option<usize>) -> Result<Linear> {
-        let w = self.tensor(&format!("{name}.weight"))?;
-        let b = self.bias(name)?;
-        if let Some(t) = powerinfer_threads {
-            if let Ok(l) = powerinfer::layers::QLinear::new(&w, b.as_ref(), t) {
-                return Ok(Linear::Powerinfer(std::sync::Arc::new(l)));
-            }
-        }
-        qlinear(w, b)
     }
 
     /// `{name}.bias` dequantized, if the file has it.
@@ -133,7 +120,7 @@ impl GgufFile {
 
     /// Reads a tensor, or a typed error naming it.
     pub fn tensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
-        if let Some(t) = crate::pwri::down_from_transposed(self, name)? {
+        if let Some(t) = down_from_transposed(self, name)? {
             return Ok(t);
         }
         let Some(info) = self.content.tensor_infos.get(name) else {
@@ -238,10 +225,44 @@ fn check_finite(
     }
 }
 
-/// A candle quantized linear layer (with an optional bias).
-pub(crate) fn qlinear(q: QTensor, b: Option<Tensor>) -> Result<Linear> {
-    Ok(Linear::Candle {
-        w: QMatMul::from_qtensor(q)?,
-        b,
+/// Reads a GGUF header whose magic is `GGUF` or `PWRI`; file-level problems (magic, truncation,
+/// malformed header) are this crate's `Format` error naming the file.
+pub(crate) fn read_header(file: &mut File, path: &Path) -> Result<(GgufMagic, gguf_file::Content)> {
+    powerinfer::format::read_gguf(file, &path.display().to_string()).map_err(|e| {
+        match e.file_problem() {
+            Some(problem) => Error::format(path, problem),
+            None => e.into(),
+        }
     })
+}
+
+/// Serves `blk.N.ffn_down.weight` from `blk.N.ffn_down_t.weight` (PowerInfer stores down
+/// transposed, `[intermediate, hidden]`) when only the latter is in the file: transposed back to
+/// `[hidden, intermediate]`, in f16 if stored f16, else f32 (exact for every source type).
+pub(crate) fn down_from_transposed(gguf: &mut GgufFile, name: &str) -> Result<Option<QTensor>> {
+    let Some(prefix) = name.strip_suffix(".ffn_down.weight") else {
+        return Ok(None);
+    };
+    let t_name = format!("{prefix}.ffn_down_t.weight");
+    if gguf.content.tensor_infos.contains_key(name)
+        || !gguf.content.tensor_infos.contains_key(&t_name)
+    {
+        return Ok(None);
+    }
+    let q = gguf.tensor(&t_name)?;
+    if q.shape().dims().len() != 2 {
+        return Err(powerinfer::Error::from(powerinfer::ErrorKind::Shape {
+            tensor: t_name,
+            expected: vec![None, None],
+            got: q.shape().dims().to_vec(),
+        })
+        .into());
+    }
+    let keep = if q.dtype() == GgmlDType::F16 {
+        GgmlDType::F16
+    } else {
+        GgmlDType::F32
+    };
+    let down = q.dequantize(&Device::Cpu)?.t()?.contiguous()?;
+    Ok(Some(QTensor::quantize(&down, keep)?))
 }

@@ -8,8 +8,7 @@ use powerinfer::{
 };
 
 use crate::error::Result;
-use crate::fused::KernelFfn;
-use crate::model::{Ffn, Llama};
+use crate::model::{Ffn, KernelFfn, Llama};
 
 /// How [`Llama::calibrate_input_rule`] chooses the thresholds. The default is the rule `powerinfer
 /// demo`, `bench` and `analyze` use: TEAL's `|x|` dropping 28% of the FFN's input entries, down

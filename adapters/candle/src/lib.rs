@@ -33,7 +33,6 @@ mod analyze;
 mod config;
 mod error;
 mod eval;
-mod fused;
 mod generate;
 mod gguf;
 mod hot;
@@ -45,8 +44,6 @@ mod pwri;
 mod synthetic;
 mod tiers;
 mod tokenizer;
-
-use std::path::Path;
 
 /// The README's and the `docs/` guides' Rust snippets, compiled by `cargo test --doc` (and run
 /// where they need no model file), so the documented API cannot drift from the code.
@@ -76,32 +73,15 @@ pub use analyze::{load_artifact, model_sha256, native_storage, Profile, Sampling
 pub use config::{activation_from_name, LlamaConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use eval::Perplexity;
-pub use fused::KernelFfn;
 pub use generate::{generate, GenerateOptions, Generation};
 pub use gguf::GgufFile;
 pub use hot::{ffn_file_bytes, hot_device, HotPlacement, HotReport};
 pub use input_rule::{InputRuleOptions, TargetSearch, TargetTrial};
-pub use load::{load_gguf, load_safetensors, FfnMode};
-pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, Llama, Timings};
+pub use load::{load_gguf, load_safetensors, open, FfnMode};
+pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, KernelFfn, Llama, Timings};
 pub use pipeline::{analyze, Analysis, AnalyzeOptions, Progress};
 pub use powerinfer::layout::Layouts;
 pub use powerinfer::{Neurons, Sparsity};
 pub use synthetic::{FfnProfile, LayerProfile, SyntheticLlama, PROFILE_POINTS};
 pub use tiers::{TierKind, TierOptions, TierReport};
 pub use tokenizer::TextTokenizer;
-
-/// Opens a model: a `.gguf` file, or a directory with `config.json`, `*.safetensors` and
-/// `tokenizer.json`. Returns the model and its tokenizer.
-pub fn open(path: &Path, mode: &FfnMode) -> Result<(Llama, TextTokenizer)> {
-    if path.is_dir() {
-        Ok((load_safetensors(path, mode)?, TextTokenizer::open(path)?))
-    } else {
-        let mut gguf = GgufFile::open(path)?;
-        // Architecture and hyper-parameters first: an unsupported model says so before anything
-        // else about it is read.
-        LlamaConfig::from_gguf(&gguf.content)?;
-        let tok = TextTokenizer::from_gguf(&gguf.content)?;
-        let model = load_gguf(&mut gguf, mode)?;
-        Ok((model, tok))
-    }
-}

@@ -15,12 +15,13 @@ use powerinfer::{
 
 use crate::config::LlamaConfig;
 use crate::error::{Error, ErrorKind, Result};
-use crate::fused::{Decoder, Embed, KernelFfn};
-use crate::gguf::{qlinear, GgufFile};
+
+use crate::gguf::GgufFile;
 use crate::model::{
-    Attention, DenseFfn, Execution, Ffn, GemmaNorms, Layer, Linear, Llama, Projection, RmsNorm,
-    TokenEmbedding,
+    Attention, Decoder, DenseFfn, Embed, Execution, Ffn, GemmaNorms, KernelFfn, Layer, Linear,
+    Llama, Projection, RmsNorm, TokenEmbedding,
 };
+use crate::tokenizer::TextTokenizer;
 
 /// How each layer's FFN is built.
 #[derive(Debug, Clone)]
@@ -310,7 +311,7 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
 /// The file's hyper-parameters, PowerInfer's adjustments, and a llama 3.x file's RoPE factors.
 fn gguf_config(gguf: &mut GgufFile) -> Result<LlamaConfig> {
     let mut cfg = LlamaConfig::from_gguf(&gguf.content)?;
-    crate::pwri::adjust_config(gguf, &mut cfg);
+    adjust_config(gguf, &mut cfg);
     if gguf.content.tensor_infos.contains_key("rope_freqs.weight") {
         let f = gguf.dequantized("rope_freqs.weight")?.flatten_all()?;
         let f = f.to_vec1::<f32>()?;
@@ -430,7 +431,7 @@ fn gguf_attention(
 ) -> Result<Attention> {
     let lin = |g: &mut GgufFile, n: &str| match mode {
         FfnMode::Analysis => f32_linear(g, p, n),
-        _ => g.linear(&format!("{p}.{n}"), ours),
+        _ => Linear::from_gguf(g, &format!("{p}.{n}"), ours),
     };
     let qkv = ["attn_q", "attn_k", "attn_v"];
     Ok(match (fused, mode) {
@@ -469,9 +470,9 @@ fn gguf_ffn(
     let deq = |g: &mut GgufFile, n: &str| g.dequantized(&format!("{p}.{n}.weight"));
     Ok(match mode {
         FfnMode::Dense => Ffn::Dense(DenseFfn {
-            gate: gguf.linear(&format!("{p}.ffn_gate"), None)?,
-            up: gguf.linear(&format!("{p}.ffn_up"), None)?,
-            down: gguf.linear(&format!("{p}.ffn_down"), None)?,
+            gate: Linear::from_gguf(gguf, &format!("{p}.ffn_gate"), None)?,
+            up: Linear::from_gguf(gguf, &format!("{p}.ffn_up"), None)?,
+            down: Linear::from_gguf(gguf, &format!("{p}.ffn_down"), None)?,
             act: cfg.activation,
         }),
         FfnMode::DenseF32 | FfnMode::Analysis => Ffn::Dense(DenseFfn {
@@ -579,7 +580,7 @@ fn gguf_trunk(
             w: QMatMul::from_arc(embed_q)?,
             b: None,
         },
-        false => qlinear(gguf.tensor("output.weight")?, None)?,
+        false => Linear::quantized(gguf.tensor("output.weight")?, None)?,
     };
     Ok((Trunk::Candle(embed), lm_head))
 }
@@ -757,4 +758,28 @@ fn build_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
             b: None,
         },
     )
+}
+
+/// PowerInfer runs every `PWRI` llama file with a ReLU FFN (`LLM_FFN_RELU` in its
+/// `llm_build_ffn_sparse` call); the file has no activation key.
+fn adjust_config(gguf: &GgufFile, cfg: &mut LlamaConfig) {
+    if gguf.magic == powerinfer::format::GgufMagic::PowerInfer {
+        cfg.activation = powerinfer::Activation::Relu;
+    }
+}
+
+/// Opens a model: a `.gguf` file, or a directory with `config.json`, `*.safetensors` and
+/// `tokenizer.json`. Returns the model and its tokenizer.
+pub fn open(path: &Path, mode: &FfnMode) -> Result<(Llama, TextTokenizer)> {
+    if path.is_dir() {
+        Ok((load_safetensors(path, mode)?, TextTokenizer::open(path)?))
+    } else {
+        let mut gguf = GgufFile::open(path)?;
+        // Architecture and hyper-parameters first: an unsupported model says so before anything
+        // else about it is read.
+        LlamaConfig::from_gguf(&gguf.content)?;
+        let tok = TextTokenizer::from_gguf(&gguf.content)?;
+        let model = load_gguf(&mut gguf, mode)?;
+        Ok((model, tok))
+    }
 }

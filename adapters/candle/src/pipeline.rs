@@ -165,7 +165,7 @@ pub fn analyze(
     }
     let sha = model_sha256(path)?;
     let storage = native_storage(path)?;
-    let (mut model, _) = crate::open(path, &FfnMode::Analysis)?;
+    let (mut model, _) = crate::load::open(path, &FfnMode::Analysis)?;
     let cfg = model.config().clone();
     // The budget is checked before any calibration: predictors and one neuron must fit.
     let spec = FfnSpec::gated(cfg.hidden, cfg.intermediate, cfg.activation)?;
@@ -261,9 +261,9 @@ pub fn analyze(
                 attention: rule.attention > 0.0,
                 up_rows: false,
                 artifact: None,
-                layouts: crate::Layouts::Columns,
+                layouts: powerinfer::layout::Layouts::Columns,
             };
-            match crate::open(path, &mode) {
+            match crate::load::open(path, &mode) {
                 Ok((mut m, _)) => Some(m.calibrate_input_rule(head, opts.ctx, rule)?),
                 Err(e) => {
                     tracing::warn!("no input-sparse rule in the artifact: {e}");

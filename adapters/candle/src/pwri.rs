@@ -1,89 +1,13 @@
-//! PowerInfer's own files in the llama model: `PWRI`-magic GGUF models (ReLU FFN, down stored
-//! transposed as `blk.N.ffn_down_t.weight`, predictors `blk.N.fc1` / `blk.N.fc2`) and `.gpuidx`
-//! placements. The file formats are read by the engine (`powerinfer::format::PowerInferFile`,
-//! `powerinfer::format::read_gpuidx`); this module wires them into a loaded [`Llama`].
+//! PowerInfer's own files in a loaded [`Llama`]: the predictors of a `PWRI`-magic GGUF model
+//! (`blk.N.fc1` / `blk.N.fc2`) and `.gpuidx` placements. The file formats are read by the engine
+//! (`powerinfer::format::PowerInferFile`, `powerinfer::format::read_gpuidx`); the `PWRI` header
+//! and its transposed down (`blk.N.ffn_down_t.weight`) by [`crate::GgufFile`].
 
-use std::fs::File;
-use std::path::Path;
+use powerinfer::format::PowerInferFile;
+use powerinfer::tier::LayerPlacement;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
-use candle_core::{DType, Device, Tensor, D};
-use powerinfer::format::{GgufMagic, PowerInferFile};
-use powerinfer::{tier::LayerPlacement, Activation, HybridFfn};
-
-use crate::config::LlamaConfig;
 use crate::error::{check_count, Error, Result};
-use crate::gguf::GgufFile;
 use crate::model::{Ffn, Llama};
-
-/// Reads a GGUF header whose magic is `GGUF` or `PWRI`; file-level problems (magic, truncation,
-/// malformed header) are this crate's `Format` error naming the file.
-pub(crate) fn read_header(file: &mut File, path: &Path) -> Result<(GgufMagic, gguf_file::Content)> {
-    powerinfer::format::read_gguf(file, &path.display().to_string()).map_err(|e| {
-        match e.file_problem() {
-            Some(problem) => Error::format(path, problem),
-            None => e.into(),
-        }
-    })
-}
-
-/// PowerInfer runs every `PWRI` llama file with a ReLU FFN (`LLM_FFN_RELU` in its
-/// `llm_build_ffn_sparse` call); the file has no activation key.
-pub(crate) fn adjust_config(gguf: &GgufFile, cfg: &mut LlamaConfig) {
-    if gguf.magic == GgufMagic::PowerInfer {
-        cfg.activation = Activation::Relu;
-    }
-}
-
-/// Serves `blk.N.ffn_down.weight` from `blk.N.ffn_down_t.weight` (PowerInfer stores down
-/// transposed, `[intermediate, hidden]`) when only the latter is in the file: transposed back to
-/// `[hidden, intermediate]`, in f16 if stored f16, else f32 (exact for every source type).
-pub(crate) fn down_from_transposed(gguf: &mut GgufFile, name: &str) -> Result<Option<QTensor>> {
-    let Some(prefix) = name.strip_suffix(".ffn_down.weight") else {
-        return Ok(None);
-    };
-    let t_name = format!("{prefix}.ffn_down_t.weight");
-    if gguf.content.tensor_infos.contains_key(name)
-        || !gguf.content.tensor_infos.contains_key(&t_name)
-    {
-        return Ok(None);
-    }
-    let q = gguf.tensor(&t_name)?;
-    if q.shape().dims().len() != 2 {
-        return Err(powerinfer::Error::from(powerinfer::ErrorKind::Shape {
-            tensor: t_name,
-            expected: vec![None, None],
-            got: q.shape().dims().to_vec(),
-        })
-        .into());
-    }
-    let keep = if q.dtype() == GgmlDType::F16 {
-        GgmlDType::F16
-    } else {
-        GgmlDType::F32
-    };
-    let down = q.dequantize(&Device::Cpu)?.t()?.contiguous()?;
-    Ok(Some(QTensor::quantize(&down, keep)?))
-}
-
-/// `sqrt(mean(x^2) + eps)` of each row of the pre-norm input `x`, for a PowerInfer predictor.
-pub(crate) fn row_rms(x: &Tensor, eps: f32) -> Result<Vec<f32>> {
-    Ok(x.to_dtype(DType::F32)?
-        .sqr()?
-        .mean_keepdim(D::Minus1)?
-        .affine(1.0, eps as f64)?
-        .sqrt()?
-        .flatten_all()?
-        .to_vec1::<f32>()?)
-}
-
-/// The hybrid FFN on the normed input `h` (`[.., hidden]`) with its rows' pre-norm RMS.
-pub(crate) fn forward_with_row_rms(ffn: &HybridFfn, h: &Tensor, row_rms: &[f32]) -> Result<Tensor> {
-    let x = h.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = vec![0f32; x.len()];
-    ffn.forward_f32_with_row_rms(&x, row_rms.len(), row_rms, &mut out)?;
-    Ok(Tensor::from_vec(out, h.dims(), h.device())?.to_dtype(h.dtype())?)
-}
 
 fn config_error(setting: &str, reason: String) -> Error {
     powerinfer::Error::from(powerinfer::ErrorKind::Config {

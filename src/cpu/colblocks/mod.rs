@@ -41,8 +41,8 @@
 
 use std::ops::Range;
 
-use super::blocks::{self, h16, BlockKind, QK_K};
-use super::quant::{QuantizedRow, QK};
+use super::blocks::{self, h16, BlockKind};
+use super::quant::{QuantizedRow, QK, QK_K};
 use crate::error::{Error, Result};
 
 #[cfg(target_arch = "x86_64")]

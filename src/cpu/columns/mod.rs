@@ -26,7 +26,6 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
-use super::kernels::{Kernels, RowElem};
 use super::quant::{dequantize_row, QuantKind, QuantizedRow, QK};
 use crate::error::{Error, Result};
 
@@ -310,6 +309,11 @@ impl ColumnMatrix {
         self.cols
     }
 
+    /// The stored column length: `rows` rounded up to a multiple of [`CHUNK`].
+    pub(crate) fn pad(&self) -> usize {
+        self.pad
+    }
+
     /// Chunks of [`CHUNK`] rows (the last one padded).
     pub fn chunks(&self) -> usize {
         self.pad / CHUNK
@@ -518,70 +522,6 @@ pub(crate) fn product_scalar(
             };
             *o = scale_block(kind, *o, s, f16_at(plane, 2 * r), mn, x, b);
         }
-    }
-}
-
-/// `out = W[rows of chunks, active] . x[active]` for the rows in `chunks` (`out` holds
-/// `chunks.len() * CHUNK` values). Quantized matrices take `xq` (the input quantized by
-/// [`QuantizedRow::quantize`], whose nonzero values `active` lists); float matrices take `x`.
-/// Arguments that do not fit (chunks past the matrix, a short `out` or input) are cut to what
-/// fits: never read or written out of bounds.
-pub(crate) fn product(
-    k: &Kernels,
-    m: &ColumnMatrix,
-    chunks: Range<usize>,
-    x: &[f32],
-    xq: &QuantizedRow,
-    active: &[u32],
-    out: &mut [f32],
-) {
-    let end = chunks
-        .end
-        .min(m.chunks())
-        .min(chunks.start + out.len() / CHUNK);
-    let chunks = chunks.start.min(end)..end;
-    let out = &mut out[..chunks.len() * CHUNK];
-    let active = match active.iter().position(|&c| c as usize >= m.cols) {
-        Some(n) => &active[..n],
-        None => active,
-    };
-    match &m.data {
-        ColumnData::Quant { .. } => {
-            if xq.values().len() < m.cols || xq.blocks() < m.cols / QK {
-                return out.fill(0.0);
-            }
-            (k.columns_q)(m, chunks, xq, active, out)
-        }
-        ColumnData::F32(w) => float(k, w, m.pad, chunks, x, active, out),
-        ColumnData::F16(w) => float(k, w, m.pad, chunks, x, active, out),
-        ColumnData::BF16(w) => float(k, w, m.pad, chunks, x, active, out),
-    }
-}
-
-/// Float columns: four active columns per pass over the outputs (`axpy4`), the rest one by one.
-fn float<E: RowElem>(
-    k: &Kernels,
-    w: &[E],
-    pad: usize,
-    chunks: Range<usize>,
-    x: &[f32],
-    active: &[u32],
-    out: &mut [f32],
-) {
-    out.fill(0.0);
-    let rows = chunks.start * CHUNK..chunks.end * CHUNK;
-    let col = |c: u32| &w[c as usize * pad..][rows.clone()];
-    let active = match active.iter().position(|&c| c as usize >= x.len()) {
-        Some(n) => &active[..n],
-        None => active,
-    };
-    let mut quads = active.chunks_exact(4);
-    for q in quads.by_ref() {
-        let a = [q[0], q[1], q[2], q[3]];
-        k.axpy4::<E>()(out, a.map(|c| x[c as usize]), a.map(col));
-    }
-    for &c in quads.remainder() {
-        k.axpy::<E>()(out, x[c as usize], col(c));
     }
 }
 

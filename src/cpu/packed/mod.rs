@@ -23,8 +23,8 @@
 
 use std::ops::Range;
 
-use super::blocks::{self, BlockKind, QK_K};
-use super::quant::{QuantizedRow, QK};
+use super::blocks::{self, BlockKind};
+use super::quant::{QuantizedRow, QK, QK_K};
 use crate::error::{Error, Result};
 
 /// Rows per interleaved group.
@@ -306,27 +306,6 @@ pub(crate) fn clamp_groups(
     let fit = if nx == 0 { 0 } else { out.len() / (nx * PACK) };
     let end = end.min(groups.start + fit);
     groups.start.min(end)..end
-}
-
-/// `out[((g - groups.start) * xs.len() + r) * 16 + l] = row (16 g + l) . xs[r]` for the groups in
-/// `groups`, with the kernels of `k`. Inputs with fewer blocks than the matrix, groups past the
-/// matrix or an `out` too short are cut to what fits (never read or written out of bounds).
-pub(crate) fn gemm(
-    k: &super::Kernels,
-    p: &PackedRows,
-    groups: Range<usize>,
-    xs: &[QuantizedRow],
-    out: &mut [f32],
-) {
-    let groups = clamp_groups(p, groups, xs.len(), out);
-    if groups.is_empty() {
-        return;
-    }
-    if xs.iter().any(|x| input_blocks(p.kind, x) < p.blocks()) {
-        // A short input row: the reference cuts each row to its own blocks.
-        return gemm_scalar(p, groups, xs, out);
-    }
-    (k.gemm_q)(p, groups, xs, out)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -14,8 +14,8 @@ use std::ops::Range;
 
 use super::prefetch::prefetch_part;
 use super::{record_bytes, PackedRows, PACK};
-use crate::cpu::blocks::{BlockKind, QK_K};
-use crate::cpu::quant::QuantizedRow;
+use crate::cpu::blocks::BlockKind;
+use crate::cpu::quant::{QuantizedRow, QK_K};
 
 /// # Safety
 /// The CPU must have AVX-512F, AVX-512BW, AVX-512VL and AVX-512 VNNI; the arguments must satisfy

@@ -3,13 +3,14 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::QMatMul;
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::Embedding;
 use powerinfer::{Activation, HybridFfn};
 
+use super::kernel_ffn::KernelFfn;
 use crate::error::Result;
-use crate::fused::KernelFfn;
+use crate::gguf::GgufFile;
 
 /// A linear layer: candle's `QMatMul` (quantized GGUF or dense safetensors weights, optional
 /// bias), or powerinfer's `QLinear` on GGUF Q4_0 / Q4_1 / Q8_0 blocks.
@@ -24,6 +25,33 @@ pub enum Linear {
     },
     /// powerinfer's integer kernels (bias inside).
     Powerinfer(std::sync::Arc<powerinfer::layers::QLinear>),
+}
+
+impl Linear {
+    /// A linear layer `{name}.weight` (kept quantized) with `{name}.bias` if present: powerinfer's
+    /// `QLinear` on `threads` threads when given and the block type allows, else candle's matmul.
+    pub fn from_gguf(
+        gguf: &mut GgufFile,
+        name: &str,
+        powerinfer_threads: Option<usize>,
+    ) -> Result<Linear> {
+        let w = gguf.tensor(&format!("{name}.weight"))?;
+        let b = gguf.bias(name)?;
+        if let Some(t) = powerinfer_threads {
+            if let Ok(l) = powerinfer::layers::QLinear::new(&w, b.as_ref(), t) {
+                return Ok(Linear::Powerinfer(Arc::new(l)));
+            }
+        }
+        Linear::quantized(w, b)
+    }
+
+    /// candle's quantized matmul on `q` (with an optional bias).
+    pub(crate) fn quantized(q: QTensor, b: Option<Tensor>) -> Result<Linear> {
+        Ok(Linear::Candle {
+            w: QMatMul::from_qtensor(q)?,
+            b,
+        })
+    }
 }
 
 impl Module for Linear {
@@ -227,4 +255,40 @@ impl TokenEmbedding {
             }
         }
     }
+}
+
+/// See [`Llama::prefetch_target`](super::Llama::prefetch_target) (the fused decoder borrows the
+/// layers alone).
+pub(crate) fn prefetch_target(
+    layers: &[Layer],
+    depth: usize,
+    l: usize,
+) -> Option<(&RmsNorm, &HybridFfn)> {
+    if depth == 0 {
+        return None;
+    }
+    let ahead = layers.get(l + depth)?;
+    match &ahead.ffn {
+        Ffn::Hybrid(h) if h.fast_tier().is_some() => Some((&ahead.ffn_norm, h)),
+        _ => None,
+    }
+}
+
+/// `sqrt(mean(x^2) + eps)` of each row of the pre-norm input `x`, for a PowerInfer predictor.
+pub(crate) fn row_rms(x: &Tensor, eps: f32) -> Result<Vec<f32>> {
+    Ok(x.to_dtype(DType::F32)?
+        .sqr()?
+        .mean_keepdim(D::Minus1)?
+        .affine(1.0, eps as f64)?
+        .sqrt()?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
+}
+
+/// The hybrid FFN on the normed input `h` (`[.., hidden]`) with its rows' pre-norm RMS.
+pub(crate) fn forward_with_row_rms(ffn: &HybridFfn, h: &Tensor, row_rms: &[f32]) -> Result<Tensor> {
+    let x = h.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; x.len()];
+    ffn.forward_f32_with_row_rms(&x, row_rms.len(), row_rms, &mut out)?;
+    Ok(Tensor::from_vec(out, h.dims(), h.device())?.to_dtype(h.dtype())?)
 }

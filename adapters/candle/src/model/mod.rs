@@ -5,6 +5,8 @@
 //! own quantized matmul, op for op as `candle_transformers::models::quantized_llama`, so it is the
 //! peer the tests compare against.
 
+mod decoder;
+mod kernel_ffn;
 mod layers;
 mod rope;
 mod timing;
@@ -15,12 +17,14 @@ use powerinfer::HybridFfn;
 
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
-use crate::fused::Decoder;
 
+pub(crate) use decoder::{Decoder, Embed};
+pub use kernel_ffn::KernelFfn;
+use layers::{forward_with_row_rms, prefetch_target, row_rms};
 pub(crate) use layers::{Attention, GemmaNorms, Layer, Projection, RmsNorm, TokenEmbedding};
 pub use layers::{DenseFfn, Ffn, FfnProbe, Linear};
 use rope::attention;
-pub(crate) use rope::{rope_freqs, rope_tables, MAX_POSITIONS};
+pub(crate) use rope::{rope_tables, MAX_POSITIONS};
 use timing::linear_bytes;
 pub(crate) use timing::{Clock, Lap};
 pub use timing::{DecodeBytes, Timings};
@@ -442,9 +446,7 @@ impl Llama {
             x = (a + &x)?;
             // A predictor on the pre-norm residual (PowerInfer's) gets each row's RMS.
             let row_rms = match &layer.ffn {
-                Ffn::Hybrid(h) if h.needs_row_rms() => {
-                    Some(crate::pwri::row_rms(&x, layer.ffn_norm.eps)?)
-                }
+                Ffn::Hybrid(h) if h.needs_row_rms() => Some(row_rms(&x, layer.ffn_norm.eps)?),
                 _ => None,
             };
             let h = layer.ffn_norm.forward(&x)?;
@@ -461,7 +463,7 @@ impl Llama {
                     p.observe(l, &h.reshape(rows)?, &act.reshape((seq, cfg.intermediate))?)?;
                     d.down.forward(&act)?
                 }
-                (Ffn::Hybrid(ffn), _, Some(r)) => crate::pwri::forward_with_row_rms(ffn, &h, r)?,
+                (Ffn::Hybrid(ffn), _, Some(r)) => forward_with_row_rms(ffn, &h, r)?,
                 (ffn, _, _) => ffn.forward(&h)?,
             };
             clock.lap(Lap::Ffn);
@@ -486,21 +488,5 @@ fn check_logits_from(logits: &[f32], offset: usize) -> Result<()> {
         })
         .into()),
         None => Ok(()),
-    }
-}
-
-/// See [`Llama::prefetch_target`] (the fused decoder borrows the layers alone).
-pub(crate) fn prefetch_target(
-    layers: &[Layer],
-    depth: usize,
-    l: usize,
-) -> Option<(&RmsNorm, &HybridFfn)> {
-    if depth == 0 {
-        return None;
-    }
-    let ahead = layers.get(l + depth)?;
-    match &ahead.ffn {
-        Ffn::Hybrid(h) if h.fast_tier().is_some() => Some((&ahead.ffn_norm, h)),
-        _ => None,
     }
 }

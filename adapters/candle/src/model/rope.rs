@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Module, Tensor};
 
-use super::{Attention, Layer};
+use super::layers::{Attention, Layer};
 use crate::config::LlamaConfig;
 use crate::error::Result;
 
@@ -112,7 +112,7 @@ mod tests {
     /// A llama 3.x file's `rope_freqs` factors divide each pair's frequency.
     #[test]
     fn rope_factors_divide_the_frequencies() {
-        let mut cfg = crate::LlamaConfig {
+        let mut cfg = crate::config::LlamaConfig {
             hidden: 16,
             intermediate: 32,
             layers: 1,

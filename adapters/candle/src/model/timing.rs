@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::quantized::QMatMul;
 
-use super::Linear;
+use super::layers::Linear;
 
 /// Where decode time goes, accumulated while [`Llama::timings`](crate::Llama::timings) is enabled.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -71,7 +71,7 @@ impl TextTokenizer {
         if path.is_dir() {
             Self::from_file(&path.join("tokenizer.json"))
         } else {
-            Self::from_gguf(&crate::GgufFile::open(path)?.content)
+            Self::from_gguf(&crate::gguf::GgufFile::open(path)?.content)
         }
     }
 

@@ -3,7 +3,7 @@
 //!
 //! Used when every projection of the model is a GGUF Q4_0 / Q4_1 / Q8_0 tensor (the attention
 //! projections and the LM head as `QLinear`s, q/k/v stacked into one) and the FFN runs through
-//! our kernels (`HybridFfn`, or [`KernelFfn`] for the dense FFN). Per layer and token:
+//! our kernels (`HybridFfn`, or [`KernelFfn`](super::KernelFfn) for the dense FFN). Per layer and token:
 //!
 //! 1. RMSNorm of the residual (fused with the previous residual add: one pass);
 //! 2. the input quantized once (as ggml quantizes it) and one product for q, k and v;
@@ -26,79 +26,15 @@
 
 use std::sync::Arc;
 
-use powerinfer::cpu::{attend, KvRows, PackedRows, Pool, QuantizedRow};
+use powerinfer::cpu::{attend, KvRows, Pool, QuantizedRow};
 use powerinfer::layers::QLinear;
 
+use super::kernel_ffn::KernelFfnScratch;
+use super::layers::{prefetch_target, Attention, Ffn, Layer, Projection};
+use super::rope::{rope_freqs, MAX_POSITIONS};
+use super::timing::{Clock, Lap};
 use crate::config::LlamaConfig;
 use crate::error::{ErrorKind, Result};
-use crate::model::{
-    prefetch_target, rope_freqs, Attention, Clock, Ffn, Lap, Layer, Projection, MAX_POSITIONS,
-};
-
-/// A dense FFN on the file's blocks through our kernels: gate and up stacked in one `QLinear`,
-/// `act(gate) * up` in f32, the activations quantized once, and the down `QLinear`. With Q4_1
-/// weights its products are bit-identical to candle's quantized matmul.
-#[derive(Debug)]
-pub struct KernelFfn {
-    pub(crate) gate_up: QLinear,
-    pub(crate) down: QLinear,
-    pub(crate) act: powerinfer::Activation,
-}
-
-/// Reused buffers of [`KernelFfn::forward_rows`].
-#[derive(Debug, Default)]
-pub(crate) struct KernelFfnScratch {
-    gu: Vec<f32>,
-    hq: Vec<QuantizedRow>,
-    h: Vec<f32>,
-}
-
-impl KernelFfn {
-    /// The dense FFN on gate's, up's and down's packed rows (gate and up as one layer: one
-    /// pass over the input, as the loader's stacked tensors), on `threads` threads.
-    pub(crate) fn from_rows(
-        [gate, up, down]: [PackedRows; 3],
-        act: powerinfer::Activation,
-        threads: usize,
-    ) -> Result<Self> {
-        Ok(KernelFfn {
-            gate_up: QLinear::from_parts(vec![gate, up], None, threads)?,
-            down: QLinear::from_packed(down, None, threads)?,
-            act,
-        })
-    }
-
-    /// `rows` normed rows `x` (already quantized in `xq`) into `out` (`rows * hidden`).
-    pub(crate) fn forward_rows(
-        &self,
-        xq: &[QuantizedRow],
-        out: &mut [f32],
-        s: &mut KernelFfnScratch,
-        tmp: &mut Vec<f32>,
-    ) -> Result<()> {
-        let rows = xq.len();
-        let inter = self.down.dims().1;
-        s.gu.resize(rows * 2 * inter, 0.0);
-        self.gate_up.forward_quantized(xq, &mut s.gu, tmp)?;
-        s.h.resize(rows * inter, 0.0);
-        let (act, gu) = (self.act, &s.gu);
-        let gated = |range: std::ops::Range<usize>, part: &mut [f32]| {
-            for (h, r) in part.chunks_exact_mut(inter).zip(range) {
-                let (g, u) = gu[2 * inter * r..2 * inter * (r + 1)].split_at(inter);
-                act.gated_into(g, u, h);
-            }
-        };
-        // A prompt's rows are shared among the threads; one row is not worth a dispatch.
-        if rows > 1 {
-            self.down.pool().run_chunks(&mut s.h, rows, inter, &gated);
-        } else {
-            gated(0..rows, &mut s.h);
-        }
-        let hq = self.down.quantize_input(&mut s.hq, &s.h);
-        self.down.forward_quantized(hq, out, tmp)?;
-        Ok(())
-    }
-}
 
 /// One layer's keys and values, `[position][kv head][head dim]`, f32.
 #[derive(Debug, Default)]
