@@ -255,6 +255,11 @@ impl Llama {
             *dense = true;
             converted += 1;
         }
+        // The input-sparse layers' matrices and buffers go back to the system, not to the
+        // allocator's free lists.
+        if converted > 0 {
+            powerinfer::cpu::release_freed_memory();
+        }
         Ok(converted)
     }
 }

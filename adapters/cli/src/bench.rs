@@ -36,6 +36,8 @@ struct Row {
     attention_bytes_skipped: Option<f64>,
     /// The rule and its setting (`input`).
     rule: Option<String>,
+    /// This process's peak resident bytes while the row loaded and ran (Linux).
+    peak: Option<u64>,
 }
 
 impl Row {
@@ -53,8 +55,22 @@ impl Row {
             ffn_bytes_skipped: None,
             attention_bytes_skipped: None,
             rule: None,
+            peak: None,
         }
     }
+}
+
+/// Ends a row's memory window: the rows not yet given a peak get this process's peak resident
+/// bytes since the last call, the memory the row freed goes back to the system, and the peak
+/// starts again from what is resident now (the next row's load on top of the run's own
+/// buffers, the tokenizer and text among them).
+fn mark(rows: &mut [Row]) {
+    let peak = crate::memory::peak_bytes();
+    for r in rows.iter_mut().filter(|r| r.peak.is_none()) {
+        r.peak = peak;
+    }
+    powerinfer::cpu::release_freed_memory();
+    crate::memory::reset_peak();
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -221,6 +237,7 @@ fn measure(
         ffn_bytes_skipped: (mode == "dense" || mode == "all").then_some(0.0),
         attention_bytes_skipped: (mode == "dense" || mode == "all").then_some(0.0),
         rule: None,
+        peak: None,
     })
 }
 
@@ -328,6 +345,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     let tok = powerinfer_candle::TextTokenizer::open(&path)?;
     let prompt = corpus_tokens(&tok, 2000..=2021, a.prompt_tokens)?;
     let mut rows = Vec::new();
+    mark(&mut rows);
     // candle-transformers' `quantized_llama` (llama files only).
     if gguf && want(BenchMode::Candle) {
         match measure_candle(&path, &prompt, a.decode_tokens, a.runs) {
@@ -335,6 +353,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
             Err(e) => skipped("candle", e)?,
         }
     }
+    mark(&mut rows);
     // candle's ops around our model code (llama, mistral and qwen2 files; Gemma 3 runs on the
     // fused decoder only).
     if want(BenchMode::Reference) {
@@ -349,6 +368,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
             Err(e) => skipped("reference", e)?,
         }
     }
+    mark(&mut rows);
     // The dense FFN on our kernels and decoder (GGUF with Q4_0/Q4_1/Q8_0 projections only).
     if gguf && want(BenchMode::Dense) {
         match load(&path, &FfnMode::Fused { threads }) {
@@ -364,6 +384,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
             Err(e) => eprintln!("no `dense` row: {e:#}"),
         }
     }
+    mark(&mut rows);
     // Every neuron through the sparse FFN's kernels: what the kernels cost before skipping.
     // A file whose FFN blocks the sparse layouts do not hold (K-quants, Q5) has no such rows:
     // the reason is printed and the run goes on.
@@ -383,18 +404,21 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
             Err(e) => skipped("all", e)?,
         }
     }
+    mark(&mut rows);
     if want(BenchMode::Sparse) {
         match measure_sparse(&path, &settings, &prompt, a, &mut rows) {
             Ok(f) => fused &= f,
             Err(e) => skipped("sparse", e)?,
         }
     }
+    mark(&mut rows);
     if gguf && want(BenchMode::Input) {
         match measure_input(&path, &settings, &prompt, a) {
             Ok(r) => rows.push(r),
             Err(e) => skipped("input", e)?,
         }
     }
+    mark(&mut rows);
     let mut notes = Vec::new();
     if !a.vram_budget.is_empty() && want(BenchMode::Sparse) {
         measure_tiers(&path, &settings, &prompt, a, &mut rows, &mut notes)?;
@@ -404,7 +428,16 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     }
     peer_run(&mut lcpp)?;
     let bw_end = powerinfer::cpu::read_bandwidth(threads);
+    // The rows have run: a config that cannot be read again only leaves the KV term out.
+    let config = match gguf {
+        true => powerinfer_candle::GgufFile::open(&path)
+            .and_then(|g| powerinfer_candle::LlamaConfig::from_gguf(&g.content)),
+        false => powerinfer_candle::LlamaConfig::from_hf_json(&path.join("config.json")),
+    };
+    let positions = prompt.len() + a.decode_tokens;
     let info = RunInfo {
+        file_bytes: crate::memory::file_bytes(&path),
+        kv_bytes: config.map_or(0, |c| crate::memory::kv_bytes(&c, positions)),
         bw: [bw_start, bw_end],
         threads,
         prompt_tokens: prompt.len(),
@@ -472,6 +505,7 @@ fn measure_tiers(
         let mut row = measure(&mut sp.m.model, prompt, a.decode_tokens, a.runs, &label)?;
         add_sparsity(&mut row, &mut sp.m.model, prompt, a)?;
         rows.push(row);
+        mark(rows);
         // What the tiers did per decoded token, on one more decode.
         sp.m.model.clear_kv_cache();
         let mut next = argmax(sp.m.model.forward_logits(prompt, 0)?);
@@ -553,6 +587,8 @@ fn measure_hot(
                 r.neurons.len()
             ));
             rows.push(row);
+            drop(m);
+            mark(rows);
         }
     }
     Ok(())
@@ -654,6 +690,10 @@ struct RunInfo<'a> {
     fused: bool,
     /// The model file.
     model: &'a std::path::Path,
+    /// Its bytes on disk.
+    file_bytes: u64,
+    /// The f32 KV cache of the run's positions (prompt and decode).
+    kv_bytes: u64,
 }
 
 /// Adds the peer's row (llama.cpp's samples from both halves of the run, if it ran) and prints.
@@ -672,7 +712,10 @@ fn print_table(
         args: a,
         fused,
         model,
+        file_bytes,
+        kv_bytes,
     } = *info;
+    let floor_mem = (file_bytes + kv_bytes) as f64;
     let bw = bw_start.best().max(bw_end.best());
     say!(
         "{threads} thread(s), prompt {} tokens, decode {} tokens, medians of {} runs; read bandwidth {bw:.1} GB/s",
@@ -685,7 +728,7 @@ fn print_table(
         bw_start.plain, bw_end.plain, bw_start.prefetching, bw_end.prefetching
     );
     say!(
-        "{:<9} {:>9} {:>9} {:>11} | decode ms/token: {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} | {:>7} {:>8}",
+        "{:<9} {:>9} {:>9} {:>11} | decode ms/token: {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} | {:>7} {:>8} | {:>7} {:>5}",
         "mode",
         "prompt/s",
         "decode/s",
@@ -697,7 +740,9 @@ fn print_table(
         "sum",
         "measured",
         "MB/tok",
-        "floor ms"
+        "floor ms",
+        "peak MB",
+        "x mem"
     );
     for r in &rows {
         let measured = r.measured_ms.unwrap_or(1e3 / r.decode_tps);
@@ -718,7 +763,7 @@ fn print_table(
         };
         let floor = r.bytes.map(|b| b / bw / 1e6);
         say!(
-            "{:<9} {:>9.1} {:>9.1} {:>11} |                  {cols} {:>8.3} | {:>7} {:>8}",
+            "{:<9} {:>9.1} {:>9.1} {:>11} |                  {cols} {:>8.3} | {:>7} {:>8} | {:>7} {:>5}",
             r.mode,
             r.prompt_tps,
             r.decode_tps,
@@ -726,6 +771,8 @@ fn print_table(
             measured,
             r.bytes.map_or(String::new(), |b| format!("{:.1}", b / 1e6)),
             floor.map_or(String::new(), |f| format!("{f:.3}")),
+            r.peak.map_or(String::new(), |p| format!("{:.0}", p as f64 / 1e6)),
+            r.peak.map_or(String::new(), |p| format!("{:.2}", p as f64 / floor_mem)),
         );
         let t = r.per_token.as_ref();
         crate::output::record(serde_json::json!({
@@ -742,8 +789,15 @@ fn print_table(
             "bytes_per_token": r.bytes, "floor_ms": floor, "read_bandwidth_gbs": bw,
             "realized_sparsity": r.sparsity, "ffn_bytes_skipped": r.ffn_bytes_skipped,
             "attention_bytes_skipped": r.attention_bytes_skipped, "rule": r.rule,
+            "peak_rss_bytes": r.peak, "file_bytes": file_bytes, "kv_cache_bytes": kv_bytes,
         }));
     }
+    say!(
+        "memory: peak MB is this process's peak resident memory while a row loaded and ran; x mem is it over the file ({:.1} MB) and an f32 KV cache of the run's {} positions ({:.1} MB)",
+        file_bytes as f64 / 1e6,
+        prompt_tokens + a.decode_tokens,
+        kv_bytes as f64 / 1e6
+    );
     let find = |m: &str| rows.iter().find(|r| r.mode == m);
     if let Some(s) = find("sparse").and_then(|r| r.sparsity) {
         say!("sparse: realized FFN sparsity {:.1}%", s * 100.0);

@@ -526,7 +526,9 @@ fn with_rule(
     settings: &crate::common::SparseSettings,
     replan: bool,
 ) -> Result<SparseModel> {
+    crate::memory::trace("input-sparse model loaded");
     let rule = rule_for(&mut m, path, settings)?;
+    crate::memory::trace("input rule chosen");
     let layouts = measured_layouts(Some(rule.allocation));
     if replan && layouts != measured_layouts(None) {
         eprintln!("planning the FFN's layouts again for the chosen target");
@@ -545,6 +547,7 @@ fn with_rule(
         "{dense} of {} layers run the dense FFN",
         m.model.config().layers
     );
+    crate::memory::trace("input rule applied");
     let label = rule_label(&rule, m.model.input_sparse_attention());
     Ok(SparseModel {
         m,

@@ -9,6 +9,7 @@ mod demo;
 mod eval;
 mod generate;
 mod input;
+mod memory;
 mod output;
 mod plots;
 mod rule_cache;
