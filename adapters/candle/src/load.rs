@@ -310,8 +310,7 @@ fn build_gguf(gguf: &mut GgufFile, mode: &FfnMode) -> Result<Llama> {
 
 /// The file's hyper-parameters, PowerInfer's adjustments, and a llama 3.x file's RoPE factors.
 fn gguf_config(gguf: &mut GgufFile) -> Result<LlamaConfig> {
-    let mut cfg = LlamaConfig::from_gguf(&gguf.content)?;
-    adjust_config(gguf, &mut cfg);
+    let mut cfg = gguf_config_header(gguf)?;
     if gguf.content.tensor_infos.contains_key("rope_freqs.weight") {
         let f = gguf.dequantized("rope_freqs.weight")?.flatten_all()?;
         let f = f.to_vec1::<f32>()?;
@@ -330,6 +329,70 @@ fn gguf_config(gguf: &mut GgufFile) -> Result<LlamaConfig> {
     Ok(cfg)
 }
 
+/// What a model file runs on, read from its header alone (no tensor is loaded), so a caller
+/// picks the mode before loading instead of loading one and falling back on its error. Each
+/// field is `None` where the file runs there, or the reason it does not (the same words a load
+/// in that mode fails with).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Support {
+    /// The fused decoder: [`FfnMode::Fused`], and [`FfnMode::InputSparse`] on a GGUF file. It
+    /// needs a GGUF file whose projections, FFN and LM head are in block types our kernels take.
+    pub fused: Option<String>,
+    /// candle's ops around the FFN ([`FfnMode::Dense`], [`FfnMode::DenseF32`],
+    /// [`FfnMode::Analysis`]): every llama, mistral and qwen2 file, not Gemma 3.
+    pub candle: Option<String>,
+    /// The input-sparse FFN with its defaults (`FfnMode::sparse(Sparsity::Input(..), ..)`): a
+    /// GGUF file on the fused decoder, or a safetensors checkpoint as f16 columns.
+    pub input_sparse: Option<String>,
+}
+
+impl Support {
+    /// Reads the header of `path` (a `.gguf` file, or a directory with `config.json`).
+    pub fn of(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            let cfg = LlamaConfig::from_hf_json(&path.join("config.json"))?;
+            return Ok(Support {
+                fused: Some(SAFETENSORS_NOT_FUSED.into()),
+                candle: cfg.gemma3.as_ref().map(|_| GEMMA3_FUSED_ONLY.into()),
+                input_sparse: None,
+            });
+        }
+        let mut gguf = GgufFile::open(path)?;
+        let cfg = gguf_config_header(&mut gguf)?;
+        let fused = not_fused(&gguf, &cfg);
+        Ok(Support {
+            candle: cfg.gemma3.as_ref().map(|_| GEMMA3_FUSED_ONLY.into()),
+            input_sparse: fused.clone(),
+            fused,
+        })
+    }
+}
+
+/// Why a safetensors checkpoint has no fused decoder.
+const SAFETENSORS_NOT_FUSED: &str =
+    "needs a GGUF file of quantized blocks (this is a safetensors checkpoint)";
+/// Why a Gemma 3 file has no candle-ops model.
+const GEMMA3_FUSED_ONLY: &str = "Gemma 3 runs on the fused decoder only: FfnMode::Fused, or \
+     FfnMode::Hybrid with powerinfer_linears (and a storage its FFN blocks allow, e.g. f16)";
+
+/// The header's config as [`gguf_config`] adjusts it, without reading any tensor.
+fn gguf_config_header(gguf: &mut GgufFile) -> Result<LlamaConfig> {
+    let mut cfg = LlamaConfig::from_gguf(&gguf.content)?;
+    adjust_config(gguf, &mut cfg);
+    Ok(cfg)
+}
+
+/// Why the fused decoder cannot run this GGUF file: the first tensor it needs whose block type
+/// our kernels do not take.
+fn not_fused(gguf: &GgufFile, cfg: &LlamaConfig) -> Option<String> {
+    unpackable(gguf, cfg, true).map(|(name, t)| {
+        format!(
+            "tensor `{name}` is {t:?}; the fused decoder takes Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, \
+             Q4_K, Q5_K and Q6_K"
+        )
+    })
+}
+
 /// Where the model runs: the fused decoder's thread count when every projection (and for
 /// `Fused` and `InputSparse` the FFN) is on our kernels, and the thread count of powerinfer's
 /// linear layers inside candle's ops otherwise (`FfnMode::Hybrid` with `powerinfer_linears`).
@@ -343,14 +406,8 @@ fn gguf_plan(
             if *threads == 0 {
                 return Err(powerinfer::Error::config("threads", "must be at least 1").into());
             }
-            if let Some((name, t)) = unpackable(gguf, cfg, true) {
-                return Err(powerinfer::Error::config(
-                    "fused decoder",
-                    format!(
-                        "tensor `{name}` is {t:?}; the fused decoder takes Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K"
-                    ),
-                )
-                .into());
+            if let Some(why) = not_fused(gguf, cfg) {
+                return Err(powerinfer::Error::config("fused decoder", why).into());
             }
             Some(*threads)
         }
@@ -370,12 +427,7 @@ fn gguf_plan(
         _ => None,
     };
     if cfg.gemma3.is_some() && fused.is_none() {
-        return Err(powerinfer::Error::config(
-            "gemma3",
-            "Gemma 3 runs on the fused decoder only: FfnMode::Fused, or FfnMode::Hybrid with \
-             powerinfer_linears (and a storage its FFN blocks allow, e.g. f16)",
-        )
-        .into());
+        return Err(powerinfer::Error::config("gemma3", GEMMA3_FUSED_ONLY).into());
     }
     Ok((fused, ours))
 }
@@ -673,11 +725,7 @@ fn build_safetensors(dir: &Path, mode: &FfnMode) -> Result<Llama> {
         })
     };
     if let FfnMode::Fused { .. } = mode {
-        return Err(powerinfer::Error::config(
-            "fused decoder",
-            "needs a GGUF file of quantized blocks (this is a safetensors checkpoint)",
-        )
-        .into());
+        return Err(powerinfer::Error::config("fused decoder", SAFETENSORS_NOT_FUSED).into());
     }
     let embed = get("model.embed_tokens.weight")?;
     // Grown as layers load: `cfg.layers` comes from the file and is not trusted for a capacity.

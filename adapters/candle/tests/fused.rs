@@ -7,7 +7,7 @@ mod common;
 use candle_core::quantized::GgmlDType;
 use common::{temp_dir, write_gguf_llama, write_gguf_llama_with_heads, GgufSpec};
 use powerinfer::HybridOptions;
-use powerinfer_candle::{load_gguf, ErrorKind, FfnMode, GgufFile, Llama, Neurons};
+use powerinfer_candle::{load_gguf, ErrorKind, FfnMode, GgufFile, Llama, Neurons, Support};
 
 fn load(path: &std::path::Path, mode: &FfnMode) -> Llama {
     load_gguf(&mut GgufFile::open(path).unwrap(), mode).unwrap()
@@ -221,6 +221,27 @@ fn fused_needs_integer_blocks() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("output.weight"), "{e}");
+    // The header says so before any load, in the load's words.
+    let s = Support::of(&path).unwrap();
+    let why = s.fused.clone().expect("an f32 file is not on the fused decoder");
+    assert!(e.to_string().contains(&why), "{e} / {why}");
+    assert_eq!(s.input_sparse, s.fused);
+    assert_eq!(s.candle, None);
+    let ok = dir.join("q.gguf");
+    write_gguf_llama(&ok, &spec(GgmlDType::Q4_0, 4, 2, false, 7));
+    let all = Support {
+        fused: None,
+        candle: None,
+        input_sparse: None,
+    };
+    assert_eq!(Support::of(&ok).unwrap(), all);
+    // A safetensors checkpoint: candle's ops and the input-sparse FFN (f16 columns), not fused.
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    common::write_model(&hf, &common::tensors(), &common::config_json("silu", 64));
+    let s = Support::of(&hf).unwrap();
+    assert!(s.fused.is_some() && s.candle.is_none() && s.input_sparse.is_none(), "{s:?}");
+    assert!(Support::of(&dir.join("missing.gguf")).is_err());
     let m = load(
         &path,
         &FfnMode::Hybrid {

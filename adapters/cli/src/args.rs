@@ -6,7 +6,8 @@ use std::str::FromStr;
 use clap::ValueEnum;
 use powerinfer::WeightDType;
 
-/// `bench --modes`: the rows of our own engine `bench` runs.
+/// `bench --modes`: the rows of our own engine `bench` runs. The sparse rows carry the names of
+/// [`SparseMode`] (and so of the engine's [`powerinfer::Sparsity`] string forms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BenchMode {
     /// candle-transformers' quantized model of the file's architecture (`quantized_llama`,
@@ -16,11 +17,14 @@ pub enum BenchMode {
     Reference,
     /// Our fused dense decoder (GGUF only).
     Dense,
-    /// The hybrid FFN computing every neuron.
+    /// The hybrid FFN computing every neuron (`Sparsity::Neurons(Neurons::All)`).
     All,
-    /// Exact `|h|` thresholding (and an artifact's trained predictors, with `--powerinfer`).
-    Sparse,
-    /// The input-sparse FFN with its calibrated rule (GGUF only).
+    /// Exact `|h|` thresholding ([`SparseMode::GateFirst`]; `sparse` is its old name).
+    #[value(name = "gate-first", alias = "sparse")]
+    GateFirst,
+    /// An artifact's trained predictors ([`SparseMode::Predictors`]; needs `--powerinfer`).
+    Predictors,
+    /// The input-sparse FFN with its calibrated rule ([`SparseMode::Input`]; GGUF only).
     Input,
 }
 
@@ -32,8 +36,41 @@ impl BenchMode {
             BenchMode::Reference => "reference",
             BenchMode::Dense => "dense",
             BenchMode::All => "all",
-            BenchMode::Sparse => "sparse",
-            BenchMode::Input => "input",
+            BenchMode::GateFirst => SparseMode::GateFirst.name(),
+            BenchMode::Predictors => SparseMode::Predictors.name(),
+            BenchMode::Input => SparseMode::Input.name(),
+        }
+    }
+}
+
+/// `--sparse[=MODE]` of `demo`, `generate` and `eval`: which sparse FFN runs. The names are the
+/// engine's [`powerinfer::Sparsity`] string forms (`input`, `gate-first:T`, `predictors:ARTIFACT`);
+/// the command fills in what the form's value needs, by calibration (`--target`) or from
+/// `--threshold` and `--powerinfer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SparseMode {
+    /// `input` where the file has an input-sparse FFN (read from its header before loading),
+    /// else `gate-first`, saying why.
+    Auto,
+    /// The input-sparse FFN (`Sparsity::Input`) under its input rule: the artifact's
+    /// (`--powerinfer`) or one calibrated now at `--target`.
+    Input,
+    /// Exact `|h|` thresholding (`Neurons::GateFirst`) at per-layer thresholds: `--threshold`'s,
+    /// the artifact's, or calibrated now for `--target`'s FFN sparsity.
+    GateFirst,
+    /// The artifact's trained predictors and placement (`Neurons::Predictors`; needs
+    /// `--powerinfer`), at score thresholds for `--target` or its stored target-recall ones.
+    Predictors,
+}
+
+impl SparseMode {
+    /// The flag's value, the output's `mode` and the bench row's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SparseMode::Auto => "auto",
+            SparseMode::Input => "input",
+            SparseMode::GateFirst => "gate-first",
+            SparseMode::Predictors => "predictors",
         }
     }
 }
@@ -198,7 +235,7 @@ fn fraction(s: &str, hi: f64) -> Result<f64, String> {
     Ok(v)
 }
 
-/// A sparsity the artifact's stored quantiles reach (`--sweep`, `--predictor-sparsity`).
+/// A sparsity the artifact's stored quantiles reach (`--sweep`).
 pub fn quantile_sparsity(s: &str) -> Result<f64, String> {
     fraction(s, powerinfer::analysis::QUANTILE_MAX)
 }
@@ -209,16 +246,17 @@ pub fn input_fraction(s: &str) -> Result<f64, String> {
     fraction(s, 0.95)
 }
 
-/// `--input-target`: `auto` (`None`) or a fraction of entries in [0, 0.95].
+/// `--target`: `auto` (`None`: the mode chooses) or the sparsity the sparse mode aims at, in
+/// [0, 0.95].
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct InputTarget(pub Option<f64>);
+pub struct Target(pub Option<f64>);
 
-impl FromStr for InputTarget {
+impl FromStr for Target {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s.trim() {
-            "auto" => Ok(InputTarget(None)),
-            f => input_fraction(f).map(|f| InputTarget(Some(f))),
+            "auto" => Ok(Target(None)),
+            f => input_fraction(f).map(|f| Target(Some(f))),
         }
     }
 }
@@ -249,10 +287,19 @@ mod tests {
         assert_eq!(quantile_sparsity("0.5"), Ok(0.5));
         assert!(quantile_sparsity("0.99").is_err());
         assert!(input_fraction("x").is_err());
-        assert_eq!("auto".parse(), Ok(InputTarget(None)));
-        assert_eq!(" 0.28".parse(), Ok(InputTarget(Some(0.28))));
+        assert_eq!("auto".parse(), Ok(Target(None)));
+        assert_eq!(" 0.28".parse(), Ok(Target(Some(0.28))));
         for bad in ["", "Auto", "0.96", "-0.1", "NaN"] {
-            assert!(bad.parse::<InputTarget>().is_err(), "{bad}");
+            assert!(bad.parse::<Target>().is_err(), "{bad}");
         }
+        let mode = |s: &str| SparseMode::from_str(s, false);
+        assert_eq!(mode("gate-first"), Ok(SparseMode::GateFirst));
+        for m in [SparseMode::Auto, SparseMode::Input, SparseMode::Predictors] {
+            assert_eq!(mode(m.name()), Ok(m));
+        }
+        assert!(mode("threshold").is_err());
+        // `sparse`, the gate-first row's old name, still selects it.
+        assert_eq!(BenchMode::from_str("sparse", false), Ok(BenchMode::GateFirst));
+        assert_eq!(BenchMode::GateFirst.name(), "gate-first");
     }
 }

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use powerinfer::cpu::ReadBandwidth;
 use powerinfer_candle::{FfnMode, Llama, Timings};
 
-use crate::args::{BenchMode, Peer};
+use crate::args::{BenchMode, Peer, SparseMode};
 use crate::common::{corpus_tokens, load, load_sparse, model_path, SparseSettings};
 use crate::output::say;
 use crate::plots::SpeedRow;
@@ -405,10 +405,15 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         }
     }
     mark(&mut rows);
-    if want(BenchMode::Sparse) {
-        match measure_sparse(&path, &settings, &prompt, a, &mut rows) {
+    // The neuron-major sparse rows: exact thresholding, and the predictors where an artifact is
+    // given (or they are named, which without one is an error).
+    let predictors = a.modes.contains(&BenchMode::Predictors)
+        || (!named && settings.artifact.is_some());
+    if want(BenchMode::GateFirst) || predictors {
+        let which = [want(BenchMode::GateFirst), predictors];
+        match measure_sparse(&path, &settings, &prompt, a, &mut rows, which) {
             Ok(f) => fused &= f,
-            Err(e) => skipped("sparse", e)?,
+            Err(e) => skipped("gate-first", e)?,
         }
     }
     mark(&mut rows);
@@ -420,7 +425,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     }
     mark(&mut rows);
     let mut notes = Vec::new();
-    if !a.vram_budget.is_empty() && want(BenchMode::Sparse) {
+    if !a.vram_budget.is_empty() && (want(BenchMode::GateFirst) || predictors) {
         measure_tiers(&path, &settings, &prompt, a, &mut rows, &mut notes)?;
     }
     if !a.vram_budget.is_empty() && gguf && want(BenchMode::Input) {
@@ -462,6 +467,15 @@ fn measure_tiers(
     rows: &mut Vec<Row>,
     notes: &mut Vec<String>,
 ) -> Result<()> {
+    // An artifact's predictors where one is given, else exact thresholding.
+    let mode = match settings.artifact {
+        Some(_) => SparseMode::Predictors,
+        None => SparseMode::GateFirst,
+    };
+    let settings = &SparseSettings {
+        mode,
+        ..settings.clone()
+    };
     let mut sp = load_sparse(path, settings)?;
     let freq = match &sp.artifact {
         Some(art) => art
@@ -479,7 +493,7 @@ fn measure_tiers(
         let budget = b.bytes(ffn_bytes);
         let label = format!("tier {b}");
         if budget == 0 {
-            // No tier: every layer on the CPU, as the `sparse` row, measured again here.
+            // No tier: every layer on the CPU, as the `gate-first` row, measured again here.
             sp.m.model.detach_tiers();
         } else {
             let opts = powerinfer_candle::TierOptions {
@@ -594,27 +608,33 @@ fn measure_hot(
     Ok(())
 }
 
-/// The sparse rows (`sparse`, and with an artifact `trained`) with their realized sparsity;
-/// whether they ran on the fused decoder.
+/// The neuron-major sparse rows, `[gate-first, predictors]` as `which` asks (the predictors
+/// need an artifact), with their realized sparsity; whether they ran on the fused decoder.
 fn measure_sparse(
     path: &std::path::Path,
     settings: &SparseSettings,
     prompt: &[u32],
     a: &BenchArgs,
     rows: &mut Vec<Row>,
+    which: [bool; 2],
 ) -> Result<bool> {
-    let mut sp = load_sparse(path, settings)?;
-    // With an artifact: exact thresholding at its |h| thresholds, then its trained predictors.
-    let mut modes = vec![("sparse", false)];
-    if sp.artifact.is_some() {
-        sp.use_exact(None)?;
-        modes.push(("trained", true));
+    if which[1] && settings.artifact.is_none() {
+        bail!("the `predictors` row needs --powerinfer ARTIFACT");
     }
-    for (mode, trained) in modes {
-        if trained {
-            sp.use_trained(settings.predictor_sparsity)?;
+    // Exact thresholding at the artifact's |h| thresholds (or calibrated ones), then its trained
+    // predictors.
+    let mut sp = load_sparse(path, settings)?;
+    for (mode, run) in [SparseMode::GateFirst, SparseMode::Predictors]
+        .into_iter()
+        .zip(which)
+    {
+        if !run {
+            continue;
         }
-        let mut row = measure(&mut sp.m.model, prompt, a.decode_tokens, a.runs, mode)?;
+        if mode == SparseMode::Predictors {
+            sp.use_trained(settings.target)?;
+        }
+        let mut row = measure(&mut sp.m.model, prompt, a.decode_tokens, a.runs, mode.name())?;
         add_sparsity(&mut row, &mut sp.m.model, prompt, a)?;
         rows.push(row);
     }
@@ -799,8 +819,8 @@ fn print_table(
         kv_bytes as f64 / 1e6
     );
     let find = |m: &str| rows.iter().find(|r| r.mode == m);
-    if let Some(s) = find("sparse").and_then(|r| r.sparsity) {
-        say!("sparse: realized FFN sparsity {:.1}%", s * 100.0);
+    if let Some(s) = find("gate-first").and_then(|r| r.sparsity) {
+        say!("gate-first: realized FFN sparsity {:.1}%", s * 100.0);
     }
     if let Some(r) = find("input") {
         say!(
@@ -811,11 +831,11 @@ fn print_table(
         );
     }
     if !fused {
-        say!("note: this model's projections are not all Q4_0/Q4_1/Q8_0: `all` and `sparse` run on candle ops");
+        say!("note: this model's projections are not all Q4_0/Q4_1/Q8_0: `all`, `gate-first` and `predictors` run on candle ops");
     }
     for base in ["llama.cpp", "candle", "reference"] {
         let Some(b) = find(base) else { continue };
-        let ratios: Vec<String> = ["dense", "all", "sparse", "trained", "input"]
+        let ratios: Vec<String> = ["dense", "all", "gate-first", "predictors", "input"]
             .iter()
             .filter_map(|m| find(m))
             .map(|r| {

@@ -7,25 +7,24 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use powerinfer::{Artifact, HybridOptions, WeightDType};
 use powerinfer_candle::{
-    generate, load_artifact, open, FfnMode, GenerateOptions, Generation, Llama, Neurons,
+    generate, load_artifact, open, FfnMode, GenerateOptions, Generation, Llama, Neurons, Support,
     TextTokenizer,
 };
 
 use powerinfer_data as fetch;
 
-use crate::ModelArgs;
+use crate::{ModelArgs, SparseMode};
 
 /// The sparse mode, checked.
 #[derive(Debug, Clone)]
 pub struct SparseSettings {
+    /// Which sparse FFN runs (`bench`: `Auto`, its rows say which).
+    pub mode: SparseMode,
     /// Storage of the neuron-major weights (`None`: as the file stores them).
     pub storage: Option<WeightDType>,
-    /// Target sparsity of exact |h| thresholding (used when `threshold` is `None`).
-    pub sparsity: f64,
-    /// Whether `--sparsity` or `--threshold` asked for exact |h| thresholding as the sparse
-    /// mode, instead of the default input rule.
-    pub h_rule: bool,
-    /// A fixed threshold for every layer.
+    /// The sparsity the mode aims at (`--target`; `None`: the mode's own choice).
+    pub target: Option<f64>,
+    /// A fixed `|h|` threshold for every layer (gate-first).
     pub threshold: Option<f32>,
     /// Calibration tokens.
     pub calibration_tokens: usize,
@@ -33,35 +32,50 @@ pub struct SparseSettings {
     pub threads: usize,
     /// Attention projections through powerinfer's `QLinear` in the sparse mode.
     pub powerinfer_linears: bool,
-    /// A `.powerinfer` artifact: trained predictors and placement for the sparse mode.
+    /// A `.powerinfer` artifact: the input rule, `|h|` thresholds, trained predictors and
+    /// placement it holds.
     pub artifact: Option<PathBuf>,
-    /// With an artifact: score thresholds for this sparsity instead of the target-recall ones.
-    pub predictor_sparsity: Option<f64>,
     /// Fraction of the attention projections' input entries the input rule drops (0: dense).
     pub attention_sparsity: f64,
-    /// The input rule's target (`None`: the largest that holds perplexity, searched on the
-    /// calibration mix).
-    pub input_target: Option<f64>,
 }
 
+/// The FFN sparsity gate-first's thresholds are calibrated for under `--target auto`.
+const GATE_FIRST_AUTO: f64 = 0.5;
+
 impl SparseSettings {
-    /// Checks the raw flags.
+    /// Checks the raw flags for `bench`, whose rows name their modes.
     pub fn from_args(a: &ModelArgs) -> Result<Self> {
+        Self::for_mode(a, SparseMode::Auto)
+    }
+
+    /// Checks the raw flags for `mode` (`demo`, `generate --sparse`, `eval`): a flag that sets
+    /// another mode's value, or a mode without what it needs, is refused by name.
+    pub fn for_mode(a: &ModelArgs, mode: SparseMode) -> Result<Self> {
         let storage = a.storage.0;
-        let sparsity = a.sparsity.unwrap_or(0.5);
-        if !(0.0..1.0).contains(&sparsity) {
-            bail!("--sparsity {sparsity}: expected a value in [0, 1)");
-        }
         if let Some(t) = a.threshold {
             if !t.is_finite() || t < 0.0 {
                 bail!("--threshold {t}: expected a finite value >= 0");
+            }
+            if matches!(mode, SparseMode::Input | SparseMode::Predictors) {
+                bail!(
+                    "--threshold sets exact |h| thresholding's threshold, not {}'s: use \
+                     --sparse=gate-first",
+                    mode.name()
+                );
             }
         }
         if a.calibration_tokens < 2 {
             bail!("--calibration-tokens must be at least 2");
         }
-        if a.predictor_sparsity.is_some() && a.powerinfer.is_none() {
-            bail!("--predictor-sparsity needs --powerinfer ARTIFACT");
+        if mode == SparseMode::Predictors && a.powerinfer.is_none() {
+            bail!("--sparse=predictors needs --powerinfer ARTIFACT");
+        }
+        let quantiles = powerinfer::analysis::QUANTILE_MAX;
+        match a.target.0 {
+            Some(t) if mode == SparseMode::Predictors && t > quantiles => bail!(
+                "--target {t}: the artifact's quantiles reach {quantiles} for the predictors"
+            ),
+            _ => {}
         }
         if let Some(p) = &a.powerinfer {
             if !p.is_file() {
@@ -74,18 +88,21 @@ impl SparseSettings {
             None => HybridOptions::default().threads,
         };
         Ok(SparseSettings {
+            mode,
             storage,
-            sparsity,
-            h_rule: a.sparsity.is_some() || a.threshold.is_some(),
+            target: a.target.0,
             threshold: a.threshold,
             calibration_tokens: a.calibration_tokens,
             threads,
             powerinfer_linears: !a.candle_linears,
             artifact: a.powerinfer.clone(),
-            predictor_sparsity: a.predictor_sparsity,
             attention_sparsity: a.attention_sparsity,
-            input_target: a.input_target.0,
         })
+    }
+
+    /// The FFN sparsity gate-first's per-layer thresholds are calibrated for.
+    pub fn gate_first_sparsity(&self) -> f64 {
+        self.target.unwrap_or(GATE_FIRST_AUTO)
     }
 
     /// The loader's FFN mode (thresholds are set after loading).
@@ -194,12 +211,27 @@ pub fn load(path: &Path, mode: &FfnMode) -> Result<Loaded> {
 
 /// The dense model users generate with: our fused decoder when the file runs on it (a GGUF file
 /// whose projections are all of a block type the kernels take; Gemma 3 runs nowhere else),
-/// candle's reference model otherwise (safetensors directories).
+/// candle's reference model otherwise (safetensors directories), decided from the file's header.
 pub fn load_dense(path: &Path, threads: usize) -> Result<Loaded> {
-    load(path, &FfnMode::Fused { threads }).or_else(|fused| {
-        tracing::info!("not on the fused decoder ({fused:#}); candle's reference model instead");
-        load(path, &FfnMode::Dense)
-    })
+    match Support::of(path)?.fused {
+        None => load(path, &FfnMode::Fused { threads }),
+        Some(why) => {
+            tracing::info!("not on the fused decoder ({why}); candle's reference model instead");
+            load(path, &FfnMode::Dense)
+        }
+    }
+}
+
+/// The dense model perplexity is measured against: candle's reference model, or for a file
+/// candle's ops do not run (Gemma 3) our fused decoder, decided from the file's header.
+pub(crate) fn load_reference(path: &Path, threads: usize) -> Result<Loaded> {
+    match Support::of(path)?.candle {
+        None => load(path, &FfnMode::Dense),
+        Some(why) => {
+            tracing::info!("not on candle's ops ({why}); our fused decoder instead");
+            load(path, &FfnMode::Fused { threads })
+        }
+    }
 }
 
 /// Up to `n` tokens of State of the Union speeches from `years`, latest first.
@@ -368,7 +400,7 @@ fn python_stdlib() -> Option<PathBuf> {
 }
 
 /// The sparse model: exact thresholding (`GateFirst`) at per-layer `|h|` thresholds, and with an
-/// artifact also its trained predictors (the default when one is given).
+/// artifact also its trained predictors ([`SparseMode::Predictors`]).
 pub(crate) struct Sparse {
     /// Model and tokenizer.
     pub m: Loaded,
@@ -421,9 +453,10 @@ impl Sparse {
     }
 }
 
-/// Loads the sparse model. Without an artifact: `GateFirst` at calibrated (or fixed) per-layer
-/// thresholds. With one: checked against the model file's hash, its trained predictors and
-/// placement installed.
+/// Loads the neuron-major sparse model: `GateFirst` at the per-layer thresholds (`--threshold`'s,
+/// the artifact's, or calibrated now for the target sparsity), and for
+/// [`SparseMode::Predictors`] the artifact's trained predictors and placement on top. An artifact
+/// is checked against the model file's hash.
 pub(crate) fn load_sparse(path: &Path, s: &SparseSettings) -> Result<Sparse> {
     let mut m = load(path, &s.mode())?;
     let layers = m.model.config().layers;
@@ -441,12 +474,13 @@ pub(crate) fn load_sparse(path: &Path, s: &SparseSettings) -> Result<Sparse> {
         (None, Some(a)) => a.meta.layers.iter().map(|l| l.h_threshold).collect(),
         (None, None) => {
             let calib = corpus_tokens(&m.tok, 1790..=1999, s.calibration_tokens)?;
+            let sparsity = s.gate_first_sparsity();
             let pb = spinner(format!(
                 "calibrating per-layer thresholds for {:.0}% sparsity on {} tokens",
-                s.sparsity * 100.0,
+                sparsity * 100.0,
                 calib.len()
             ));
-            let t = m.model.calibrate_thresholds(&calib, 512, s.sparsity)?;
+            let t = m.model.calibrate_thresholds(&calib, 512, sparsity)?;
             pb.finish_and_clear();
             t
         }
@@ -458,15 +492,16 @@ pub(crate) fn load_sparse(path: &Path, s: &SparseSettings) -> Result<Sparse> {
         artifact,
         label: String::new(),
     };
-    if sp.artifact.is_some() {
-        sp.use_trained(s.predictor_sparsity)?;
+    if s.mode == SparseMode::Predictors {
+        sp.use_trained(s.target)?;
     } else {
         sp.use_exact(None)?;
-        sp.label = match s.threshold {
-            Some(t) => format!("|h| > {t}"),
-            None => format!(
+        sp.label = match (s.threshold, &sp.artifact) {
+            (Some(t), _) => format!("|h| > {t}"),
+            (None, Some(_)) => "the artifact's |h| thresholds".into(),
+            (None, None) => format!(
                 "per-layer |h| thresholds for {:.0}% sparsity",
-                s.sparsity * 100.0
+                s.gate_first_sparsity() * 100.0
             ),
         };
     }

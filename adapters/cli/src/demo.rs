@@ -2,9 +2,10 @@
 //! model on the real model, one after another, with their speed and how far they agree.
 
 use anyhow::Result;
-use powerinfer_candle::{FfnMode, GenerateOptions, Generation};
+use powerinfer_candle::{FfnMode, GenerateOptions, Generation, Support};
 
 use crate::common::{chatml, load, load_dense, model_path, stream, Loaded, SparseSettings};
+use crate::SparseMode;
 use crate::DemoArgs;
 
 /// One mode's run, for the summary.
@@ -33,7 +34,8 @@ fn agreement(a: &[u32], b: &[u32]) -> (usize, usize) {
 }
 
 pub(crate) fn run(a: &DemoArgs) -> Result<()> {
-    let settings = SparseSettings::from_args(&a.model)?;
+    let mode = a.sparse.mode.unwrap_or(SparseMode::Auto);
+    let settings = SparseSettings::for_mode(&a.model, mode)?;
     let path = model_path(&a.model.model)?;
     let mut runs = Vec::new();
 
@@ -53,18 +55,18 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
         skipped: "nothing skipped".into(),
     });
 
-    let mut sm = crate::input::load_default_sparse(&path, &settings)?;
-    let hot = crate::input::place_hot(&mut sm, &path, &settings, &a.hot)?;
-    let kind = match sm.input {
-        true => "input-sparse FFN",
-        false => "sparse FFN",
+    let mut sm = crate::input::load_sparse_mode(&path, &settings)?;
+    let hot = crate::input::place_hot(&mut sm, &path, &settings, &a.sparse)?;
+    let kind = match sm.mode {
+        SparseMode::Input => "input-sparse FFN",
+        _ => "sparse FFN",
     };
     let mut label = format!("{kind} (powerinfer, {})", sm.label);
-    if let Some(b) = a.hot.vram_budget {
+    if let Some(b) = a.sparse.vram_budget {
         label += &format!(
             "; {} {b} on {}: {:.1}% of the neurons",
-            a.hot.placement.name(),
-            a.hot.tier,
+            a.sparse.placement.name(),
+            a.sparse.tier,
             100.0 * hot.neuron_share(sm.m.model.config().intermediate)
         );
     }
@@ -77,19 +79,21 @@ pub(crate) fn run(a: &DemoArgs) -> Result<()> {
     });
     drop(sm);
 
-    // Candle's ops run the llama, mistral and qwen2 files, not Gemma 3.
-    match fused.then(|| load(&path, &FfnMode::Dense)) {
-        Some(Ok(mut candle)) => {
-            let label = "dense (candle's model)";
-            let generation = run_one(&mut candle, &prompt, a.max_tokens, label)?;
-            runs.push(Run {
-                name: "candle",
-                generation,
-                skipped: "nothing skipped".into(),
-            });
+    // Candle's ops run the llama, mistral and qwen2 files, not Gemma 3 (the header says which).
+    if fused {
+        match Support::of(&path)?.candle {
+            None => {
+                let mut candle = load(&path, &FfnMode::Dense)?;
+                let label = "dense (candle's model)";
+                let generation = run_one(&mut candle, &prompt, a.max_tokens, label)?;
+                runs.push(Run {
+                    name: "candle",
+                    generation,
+                    skipped: "nothing skipped".into(),
+                });
+            }
+            Some(why) => println!("--- dense (candle's model): not run ({why}) ---"),
         }
-        Some(Err(e)) => println!("--- dense (candle's model): not run ({e:#}) ---"),
-        None => {}
     }
 
     println!("---");

@@ -4,13 +4,13 @@
 
 use anyhow::{bail, Result};
 use powerinfer::analysis::PredictorAudit;
-use powerinfer_candle::FfnMode;
 use serde_json::json;
 
 use crate::analyze::picture_stem;
-use crate::args::InputRule;
+use crate::args::{InputRule, SparseMode};
 use crate::common::{
-    load, load_sparse, mean, model_path, spinner, text_tokens, Scoring, Sparse, SparseSettings,
+    load_reference, load_sparse, mean, model_path, spinner, text_tokens, Scoring, Sparse,
+    SparseSettings,
 };
 use crate::output::say;
 use crate::plots::{bytes_perplexity, sparsity_perplexity, Series};
@@ -36,8 +36,8 @@ fn sparse_run(
     Ok((ppl, per_layer))
 }
 
-/// The default sparse mode (what `demo`, `generate --sparse` and `bench`'s `input` row run):
-/// its perplexity on `text` against `ppl_dense`, and what it skipped.
+/// The sparse mode as `demo` and `generate --sparse` run it: its perplexity on `text` against
+/// `ppl_dense`, and what it skipped.
 fn default_run(
     path: &std::path::Path,
     settings: &SparseSettings,
@@ -45,9 +45,9 @@ fn default_run(
     ctx: usize,
     scoring: Scoring,
     ppl_dense: f64,
-    hot: &crate::HotArgs,
+    hot: &crate::SparseArgs,
 ) -> Result<()> {
-    let mut sm = crate::input::load_default_sparse(path, settings)?;
+    let mut sm = crate::input::load_sparse_mode(path, settings)?;
     crate::input::place_hot(&mut sm, path, settings, hot)?;
     if let Some(b) = hot.vram_budget {
         sm.label += &format!("; {} {b} on {}", hot.placement.name(), hot.tier);
@@ -64,7 +64,7 @@ fn default_run(
     );
     crate::output::record(json!({
         "tokens": text.len(), "ctx": ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl,
-        "mode": if sm.input { "input" } else { "h" }, "rule": sm.label,
+        "mode": sm.mode.name(), "rule": sm.label,
         "skipped": share,
     }));
     Ok(())
@@ -75,22 +75,19 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         bail!("--ctx and --tokens must be at least 2");
     }
     let sweep = &a.sweep;
-    let settings = SparseSettings::from_args(&a.model)?;
-    if !sweep.is_empty() && settings.artifact.is_none() {
-        bail!("--sweep needs --powerinfer ARTIFACT (its quantiles set each point's thresholds)");
+    let mode = a.sparse.mode.unwrap_or(SparseMode::Auto);
+    let mut settings = SparseSettings::for_mode(&a.model, mode)?;
+    if !sweep.is_empty() && mode != SparseMode::Predictors {
+        bail!(
+            "--sweep needs --sparse=predictors --powerinfer ARTIFACT (its quantiles set each \
+             point's thresholds)"
+        );
     }
     let path = model_path(&a.model.model)?;
-    // candle's reference model, or for an architecture it does not run (Gemma 3) our dense
-    // decoder.
-    let mut dense = match load(&path, &FfnMode::Dense) {
-        Ok(m) => m,
-        Err(_) => load(
-            &path,
-            &FfnMode::Fused {
-                threads: settings.threads,
-            },
-        )?,
-    };
+    if a.input_rules.is_empty() {
+        settings.mode = crate::input::resolve_mode(&path, &settings)?;
+    }
+    let mut dense = load_reference(&path, settings.threads)?;
     let (mut text, sources) = text_tokens(&dense.tok, &a.text, 2000..=2021, a.tokens)?;
     let scoring = if a.llama_cpp_rule {
         // llama.cpp scores the text as one sequence: BOS first when the vocabulary adds one.
@@ -125,11 +122,11 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         let rules = &a.input_rules;
         return input_sweep(a, &path, &settings, rules, &text, ppl_dense, scoring);
     }
-    if settings.artifact.is_none() && !settings.h_rule {
-        return default_run(&path, &settings, &text, a.ctx, scoring, ppl_dense, &a.hot);
+    if settings.mode == SparseMode::Input {
+        return default_run(&path, &settings, &text, a.ctx, scoring, ppl_dense, &a.sparse);
     }
     let mut sp = load_sparse(&path, &settings)?;
-    if sp.artifact.is_none() {
+    if settings.mode == SparseMode::GateFirst {
         let (ppl, per_layer) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
         say!(
             "sparse perplexity {ppl:.3} ({:+.2}%), realized FFN sparsity {:.1}% ({})",
@@ -143,7 +140,8 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         }
         crate::output::record(json!({
             "tokens": text.len(), "ctx": a.ctx, "ppl_dense": ppl_dense, "ppl_sparse": ppl,
-            "mode": "h", "target_sparsity": settings.threshold.is_none().then_some(settings.sparsity),
+            "mode": settings.mode.name(),
+            "target_sparsity": settings.threshold.is_none().then(|| settings.gate_first_sparsity()),
             "sparsity_per_layer": per_layer, "thresholds": sp.thresholds,
         }));
         return Ok(());
@@ -153,7 +151,7 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
     sp.use_exact(None)?;
     let (ppl_exact, exact_layers) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
     // The trained predictors, audited against the exact sets on the same held-out text.
-    sp.use_trained(settings.predictor_sparsity)?;
+    sp.use_trained(settings.target)?;
     sp.m.model.enable_audit(&sp.thresholds)?;
     let (ppl_pred, _) = sparse_run(&mut sp, &text, a.ctx, scoring)?;
     let audits: Vec<PredictorAudit> = sp.m.model.take_audit().into_iter().flatten().collect();

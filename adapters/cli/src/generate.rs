@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use powerinfer_candle::GenerateOptions;
 
 use crate::common::{chatml, load_dense, model_path, stream, SparseSettings};
-use crate::GenerateArgs;
+use crate::{GenerateArgs, SparseMode};
 
 pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
     if a.prompt.trim().is_empty() {
@@ -18,17 +18,23 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
             a.temperature
         );
     }
-    let settings = SparseSettings::from_args(&a.model)?;
-    let path = model_path(&a.model.model)?;
-    if a.hot.vram_budget.is_some() && !a.sparse {
-        bail!("--vram-budget places the sparse mode's neurons: add --sparse");
+    if a.sparse.mode.is_none() {
+        if a.sparse.vram_budget.is_some() {
+            bail!("--vram-budget places the sparse mode's neurons: add --sparse");
+        }
+        if a.model.threshold.is_some() || a.model.powerinfer.is_some() {
+            bail!("--threshold and --powerinfer set the sparse mode: add --sparse=MODE");
+        }
     }
-    let (mut m, label) = if a.sparse {
-        let mut sm = crate::input::load_default_sparse(&path, &settings)?;
-        crate::input::place_hot(&mut sm, &path, &settings, &a.hot)?;
+    let sparse = a.sparse.mode;
+    let settings = SparseSettings::for_mode(&a.model, sparse.unwrap_or(SparseMode::Auto))?;
+    let path = model_path(&a.model.model)?;
+    let (mut m, label) = if sparse.is_some() {
+        let mut sm = crate::input::load_sparse_mode(&path, &settings)?;
+        crate::input::place_hot(&mut sm, &path, &settings, &a.sparse)?;
         let mut label = format!("sparse: {}", sm.label);
-        if let Some(b) = a.hot.vram_budget {
-            label += &format!("; {} {b} on {}", a.hot.placement.name(), a.hot.tier);
+        if let Some(b) = a.sparse.vram_budget {
+            label += &format!("; {} {b} on {}", a.sparse.placement.name(), a.sparse.tier);
         }
         (sm.m, label)
     } else {
@@ -61,7 +67,7 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
         g.prompt_tps(),
         g.tokens.len(),
         g.decode_tps(),
-        match (a.sparse, m.model.is_fused()) {
+        match (sparse.is_some(), m.model.is_fused()) {
             (true, _) => &label,
             (false, true) => "dense, fused decoder",
             (false, false) => "dense, candle's model",

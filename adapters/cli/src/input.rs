@@ -9,7 +9,7 @@ use powerinfer::{
 };
 use powerinfer_candle::{FfnMode, InputRuleOptions, Layouts, TargetSearch};
 
-use crate::args::InputRule;
+use crate::args::{InputRule, SparseMode};
 use crate::common::{load, load_sparse, mean_sparsity, spinner, CalibrationMix, Loaded};
 use crate::rule_cache;
 
@@ -35,7 +35,7 @@ pub(crate) fn load_input(
 }
 
 /// The fractions of gate's, up's and down's entries the rule will drop, where that is known
-/// before loading: the artifact's rule, `--input-target`'s, or the one `auto` chose earlier for
+/// before loading: the artifact's rule, `--target`'s, or the one `auto` chose earlier for
 /// this file (cached). `None` on `auto`'s first run.
 fn planned_drop(
     path: &std::path::Path,
@@ -46,7 +46,7 @@ fn planned_drop(
             return Ok(Some(r.allocation));
         }
     }
-    if let Some(target) = settings.input_target {
+    if let Some(target) = settings.target {
         let opts = InputRuleOptions {
             target,
             ..Default::default()
@@ -393,7 +393,7 @@ pub(crate) fn rule_for(
         ..Default::default()
     };
     let n = settings.calibration_tokens;
-    if let Some(target) = settings.input_target {
+    if let Some(target) = settings.target {
         let mix = CalibrationMix::load(&m.tok, n, 0, CTX)?;
         let opts = InputRuleOptions { target, ..opts };
         return Ok(m.model.calibrate_input_rule(&mix.tokens, CTX, &opts)?);
@@ -434,7 +434,7 @@ pub(crate) fn rule_for(
     Ok(rule)
 }
 
-/// Where `--input-target auto`'s rule for `model` and these settings is cached.
+/// Where `--target auto`'s rule for `model` and these settings is cached.
 fn auto_key(
     model: &std::path::Path,
     settings: &crate::common::SparseSettings,
@@ -457,8 +457,8 @@ pub(crate) struct SparseModel {
     pub m: Loaded,
     /// The mode and its setting, for output.
     pub label: String,
-    /// The input rule (else exact |h| thresholding).
-    pub input: bool,
+    /// The mode it runs (`Input`, `GateFirst` or `Predictors`, never `Auto`).
+    pub mode: SparseMode,
 }
 
 impl SparseModel {
@@ -467,7 +467,7 @@ impl SparseModel {
     /// input-sparse), or |h| thresholding's realized FFN sparsity.
     pub(crate) fn take_skipped(&mut self) -> (f64, String) {
         let model = &mut self.m.model;
-        if !self.input {
+        if self.mode != SparseMode::Input {
             let s = mean_sparsity(model);
             return (s, format!("realized FFN sparsity {:.1}%", s * 100.0));
         }
@@ -552,70 +552,63 @@ fn with_rule(
     Ok(SparseModel {
         m,
         label,
-        input: true,
+        mode: SparseMode::Input,
     })
 }
 
-/// The one default sparse mode of `demo`, `generate --sparse` and `eval` (and `bench`'s `input`
-/// row): the input rule, the artifact's or calibrated now. `--sparsity` or `--threshold` ask for
-/// exact |h| thresholding instead, and a file whose FFN has no input-sparse form (safetensors
-/// directories) falls back to it, saying so.
-pub(crate) fn load_default_sparse(
+/// The mode `auto` stands for on `path`, decided from the file's header before anything loads:
+/// `input` where the file has an input-sparse FFN, else `gate-first`, saying why. `input` asked
+/// for by name on a file without one is an error naming the reason; other modes stay as they are.
+pub(crate) fn resolve_mode(
+    path: &std::path::Path,
+    settings: &crate::common::SparseSettings,
+) -> Result<SparseMode> {
+    let mode = settings.mode;
+    if !matches!(mode, SparseMode::Auto | SparseMode::Input) {
+        return Ok(mode);
+    }
+    let support = powerinfer_candle::Support::of(path)?;
+    // Input-sparse attention projections run on the fused decoder only.
+    let why = match settings.attention_sparsity > 0.0 {
+        true => support
+            .fused
+            .map(|w| format!("input-sparse attention needs the fused decoder, which {w}")),
+        false => support.input_sparse,
+    };
+    match (why, mode) {
+        (None, _) => Ok(SparseMode::Input),
+        (Some(why), SparseMode::Auto) => {
+            eprintln!("no input-sparse FFN for this file ({why}); exact |h| thresholding instead");
+            Ok(SparseMode::GateFirst)
+        }
+        (Some(why), _) => anyhow::bail!("--sparse=input: no input-sparse FFN for this file ({why})"),
+    }
+}
+
+/// The sparse mode of `demo`, `generate --sparse` and `eval` as `settings.mode` names it (`auto`
+/// resolved by [`resolve_mode`] first): the input rule, the artifact's or calibrated now; exact
+/// `|h|` thresholding; or the artifact's trained predictors.
+pub(crate) fn load_sparse_mode(
     path: &std::path::Path,
     settings: &crate::common::SparseSettings,
 ) -> Result<SparseModel> {
-    if !settings.h_rule {
-        let planned = planned_drop(path, settings)?;
-        match load_input(
-            path,
-            settings.threads,
-            settings.attention_sparsity > 0.0,
-            measured_layouts(planned),
-        ) {
-            Ok(m) => return with_rule(m, path, settings, planned.is_none()),
-            Err(e) => eprintln!(
-                "no input-sparse FFN for this file ({e:#}); exact |h| thresholding instead"
-            ),
-        }
+    let mode = resolve_mode(path, settings)?;
+    if mode == SparseMode::Input {
+        return load_rule(path, settings);
     }
-    let mut sp = load_sparse(path, settings)?;
+    let settings = crate::common::SparseSettings {
+        mode,
+        ..settings.clone()
+    };
+    let mut sp = load_sparse(path, &settings)?;
     sp.m.model.enable_ffn_stats();
     Ok(SparseModel {
         m: sp.m,
         label: sp.label,
-        input: false,
+        mode,
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use powerinfer::input_rule::GreedyStep;
-
-    #[test]
-    fn splits_parse_and_give_fractions() {
-        assert_eq!("greedy".parse(), Ok(Split::Greedy));
-        assert_eq!(" 1.5".parse(), Ok(Split::Down(1.5)));
-        for bad in ["", "down", "-1", "4", "NaN"] {
-            assert!(bad.parse::<Split>().is_err(), "{bad}");
-        }
-        let fr = fractions(Split::Down(1.5), 0.2, &vec![GreedyPath::default(); 2]).unwrap();
-        assert_eq!(fr.len(), 2);
-        assert!((fr[0][2] - 0.3).abs() < 1e-12 && (fr[0][0] - 0.15).abs() < 1e-12);
-        let step = |f: [f64; 3]| GreedyStep {
-            fractions: f,
-            skipped: f.iter().sum::<f64>() / 3.0,
-            error: 0.0,
-        };
-        let path = GreedyPath {
-            steps: vec![step([0.0, 0.0, 0.3]), step([0.0, 0.3, 0.3])],
-        };
-        let fr = fractions(Split::Greedy, 0.15, std::slice::from_ref(&path)).unwrap();
-        assert_eq!(fr, vec![[0.0, 0.3, 0.3]]);
-        assert!(fractions(Split::Greedy, 0.5, &[path]).is_err());
-        assert_eq!(mean(&[[0.0, 0.2, 0.4], [0.2, 0.2, 0.0]]), [0.1, 0.2, 0.2]);
-    }
-}
 
 /// Puts `sm`'s FFN neurons (the default sparse mode, loaded from `path`) on the device of
 /// `hot.tier` within `hot.vram_budget`, as `hot.placement` says (nothing without a budget).
@@ -623,15 +616,16 @@ pub(crate) fn place_hot(
     sm: &mut SparseModel,
     path: &std::path::Path,
     settings: &crate::common::SparseSettings,
-    hot: &crate::HotArgs,
+    hot: &crate::SparseArgs,
 ) -> Result<powerinfer_candle::HotReport> {
     let Some(budget) = hot.vram_budget else {
         return Ok(powerinfer_candle::HotReport::default());
     };
-    if !sm.input {
+    if sm.mode != SparseMode::Input {
         anyhow::bail!(
-            "--vram-budget puts the default sparse mode's neurons on a device; exact |h| \
-             thresholding (--sparsity, --threshold, --powerinfer) has its own tier in `bench`"
+            "--vram-budget puts the input mode's neurons on a device; {} has its own tier in \
+             `bench --modes {0} --vram-budget ..`",
+            sm.mode.name()
         );
     }
     let placement = hot.placement.into();
@@ -684,4 +678,34 @@ pub(crate) fn place_hot_with(
 /// hybrid's calibration load.
 pub(crate) fn dense_layouts() -> Layouts {
     Layouts::Measured { drop: [0.0; 3] }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use powerinfer::input_rule::GreedyStep;
+
+    #[test]
+    fn splits_parse_and_give_fractions() {
+        assert_eq!("greedy".parse(), Ok(Split::Greedy));
+        assert_eq!(" 1.5".parse(), Ok(Split::Down(1.5)));
+        for bad in ["", "down", "-1", "4", "NaN"] {
+            assert!(bad.parse::<Split>().is_err(), "{bad}");
+        }
+        let fr = fractions(Split::Down(1.5), 0.2, &vec![GreedyPath::default(); 2]).unwrap();
+        assert_eq!(fr.len(), 2);
+        assert!((fr[0][2] - 0.3).abs() < 1e-12 && (fr[0][0] - 0.15).abs() < 1e-12);
+        let step = |f: [f64; 3]| GreedyStep {
+            fractions: f,
+            skipped: f.iter().sum::<f64>() / 3.0,
+            error: 0.0,
+        };
+        let path = GreedyPath {
+            steps: vec![step([0.0, 0.0, 0.3]), step([0.0, 0.3, 0.3])],
+        };
+        let fr = fractions(Split::Greedy, 0.15, std::slice::from_ref(&path)).unwrap();
+        assert_eq!(fr, vec![[0.0, 0.3, 0.3]]);
+        assert!(fractions(Split::Greedy, 0.5, &[path]).is_err());
+        assert_eq!(mean(&[[0.0, 0.2, 0.4], [0.2, 0.2, 0.0]]), [0.1, 0.2, 0.2]);
+    }
 }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub use args::{BenchMode, Budget, InputRule, Peer, Storage};
+pub use args::{BenchMode, Budget, InputRule, Peer, SparseMode, Storage};
 pub use common::{load, Loaded, SparseSettings};
 pub use input::Split;
 pub use output::OutputFormat;
@@ -49,9 +49,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Prompt and decode tokens/s, dense and sparse in the same run, with per-component times.
     Bench(BenchArgs),
-    /// Perplexity on held-out text (State of the Union 2000-2021), dense and the default sparse
-    /// mode (the input rule; exact |h| thresholding with --sparsity/--threshold, per layer), with
-    /// what the sparse mode skipped.
+    /// Perplexity on held-out text (State of the Union 2000-2021), dense and the sparse mode
+    /// (`--sparse=MODE`; by default the input rule), with what the sparse mode skipped.
     Eval(EvalArgs),
     /// Profile the dense model on calibration text, train one low-rank predictor per layer,
     /// plan the hot/cold placement under a byte budget, and write the `.powerinfer` artifact
@@ -255,16 +254,11 @@ pub struct ModelArgs {
     /// qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma3-270m.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Run exact |h| thresholding as the sparse mode of `demo`, `generate --sparse` and `eval`
-    /// (and `bench`'s `sparse` row) at this target FFN sparsity: per-layer thresholds on |h|
-    /// calibrated on speeches up to 1999 (`GateFirst`). Without it (or `--threshold`) their
-    /// sparse mode is the default input rule [default for `bench`'s `sparse` row: 0.5].
-    #[arg(long)]
-    pub sparsity: Option<f64>,
-    /// Exact |h| thresholding (as `--sparsity`) with this one threshold in every layer.
+    /// Exact |h| thresholding (`--sparse=gate-first`, `bench`'s `gate-first` row) with this one
+    /// threshold in every layer instead of calibrated per-layer ones.
     #[arg(long)]
     pub threshold: Option<f32>,
-    /// Calibration tokens for the thresholds.
+    /// Calibration tokens for the thresholds and the input rule.
     #[arg(long, default_value_t = 4096)]
     pub calibration_tokens: usize,
     /// Storage of the sparse FFN weights: native (GGUF blocks kept as in the file; safetensors:
@@ -282,22 +276,21 @@ pub struct ModelArgs {
     /// predictors and placement (and its `|h|` thresholds for exact thresholding).
     #[arg(long, value_name = "ARTIFACT")]
     pub powerinfer: Option<PathBuf>,
-    /// With `--powerinfer`: set the predictors' score thresholds for this FFN sparsity (from the
-    /// artifact's validation quantiles) instead of its target-recall thresholds.
-    #[arg(long, value_parser = args::quantile_sparsity)]
-    pub predictor_sparsity: Option<f64>,
     /// The input rule (`demo`, `bench`'s `input` row, `analyze`) with input sparsity on the
     /// attention projections too (GGUF files): this fraction of the q/k/v and o input entries
     /// dropped. Default 0: on SmolLM2 it held perplexity but its column products were slower
     /// than the dense rows at this size (docs/sparse-modes.md).
     #[arg(long, default_value_t = 0.0, value_parser = args::input_fraction)]
     pub attention_sparsity: f64,
-    /// The input rule's target, the mean fraction of gate, up and down input entries dropped:
-    /// `auto` (the largest of 5%, 10% .. 45% that keeps perplexity within +2% of dense on
-    /// held-out speeches, prose and Python source, searched once per model file and cached) or
-    /// a fraction such as `0.28`.
+    /// The sparsity the sparse mode aims at, or `auto` (the mode's own choice). `input`: the
+    /// mean fraction of gate, up and down input entries dropped (`auto`: the largest of 5%,
+    /// 10% .. 45% that keeps perplexity within +2% of dense on held-out speeches, prose and
+    /// Python source, searched once per model file and cached). `gate-first`: the FFN sparsity
+    /// the per-layer `|h|` thresholds are calibrated for (`auto`: 50%). `predictors`: the FFN
+    /// sparsity the score thresholds are set for from the artifact's validation quantiles
+    /// (`auto`: its target-recall thresholds).
     #[arg(long, default_value = "auto")]
-    pub input_target: args::InputTarget,
+    pub target: args::Target,
 }
 
 /// `demo` flags.
@@ -315,17 +308,28 @@ pub struct DemoArgs {
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Neurons of the sparse mode on a device.
+    /// The sparse mode and its neurons on a device.
     #[command(flatten)]
-    pub hot: HotArgs,
+    pub sparse: SparseArgs,
 }
 
-/// `--vram-budget`, `--placement`, `--tier` of `generate` and `demo`: the default sparse mode's
-/// FFN neurons on a device.
+/// `--sparse`, `--vram-budget`, `--placement`, `--tier` of `demo`, `generate` and `eval`: which
+/// sparse mode runs, and its FFN neurons on a device.
 #[derive(Debug, Clone, Args)]
-pub struct HotArgs {
-    /// Put FFN neurons of the default sparse mode on a device (`--tier`) within this share of
-    /// the FFN weights' bytes (`50%`) or bytes (`2G`); the CPU computes the rest.
+pub struct SparseArgs {
+    /// The sparse mode: `auto` (`--sparse` alone; `demo`'s and `eval`'s default), `input`,
+    /// `gate-first` or `predictors` (needs `--powerinfer`). `generate` runs dense without it.
+    #[arg(
+        long = "sparse",
+        value_enum,
+        value_name = "MODE",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "auto"
+    )]
+    pub mode: Option<SparseMode>,
+    /// Put FFN neurons of the `input` mode on a device (`--tier`) within this share of the FFN
+    /// weights' bytes (`50%`) or bytes (`2G`); the CPU computes the rest.
     #[arg(long, value_name = "BUDGET")]
     pub vram_budget: Option<args::VramBudget>,
     /// How `--vram-budget` is spent: `hybrid` (every layer's most active neurons, PowerInfer's
@@ -388,15 +392,12 @@ pub struct GenerateArgs {
     /// Sampler seed.
     #[arg(long, default_value_t = 299_792_458)]
     pub seed: u64,
-    /// Use the sparse FFN (otherwise dense).
-    #[arg(long)]
-    pub sparse: bool,
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Neurons on a device (with `--sparse`).
+    /// The sparse mode (with `--sparse`; dense without) and its neurons on a device.
     #[command(flatten)]
-    pub hot: HotArgs,
+    pub sparse: SparseArgs,
 }
 
 /// `bench` flags.
@@ -516,10 +517,10 @@ pub struct EvalArgs {
     /// Model and sparsity.
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Neurons of the default sparse mode on a device (its perplexity then includes the
-    /// device's part).
+    /// The sparse mode and its neurons on a device (its perplexity then includes the device's
+    /// part).
     #[command(flatten)]
-    pub hot: HotArgs,
+    pub sparse: SparseArgs,
 }
 
 /// Runs a parsed command line.

@@ -67,10 +67,33 @@ fn bad_flags_and_files() {
         ],
         "no such file",
     );
+    // One vocabulary: the mode is `--sparse=MODE`, its target `--target`; the old flags are gone,
+    // a flag that sets another mode's value and a mode without what it needs are refused by name.
     fails_with(
-        &["generate", "--prompt", "hi", "--sparsity", "1.5"],
-        "--sparsity",
+        &["generate", "--prompt", "hi", "--sparsity", "0.5"],
+        "unexpected argument '--sparsity'",
     );
+    fails_with(
+        &["generate", "--prompt", "hi", "--sparse=threshold"],
+        "[possible values: auto, input, gate-first, predictors]",
+    );
+    fails_with(
+        &["generate", "--prompt", "hi", "--sparse=input", "--threshold", "0.1"],
+        "use --sparse=gate-first",
+    );
+    fails_with(
+        &["generate", "--prompt", "hi", "--threshold", "0.1"],
+        "add --sparse=MODE",
+    );
+    fails_with(
+        &["eval", "--sparse=predictors"],
+        "--sparse=predictors needs --powerinfer",
+    );
+    fails_with(
+        &["bench", "--modes", "predictors"],
+        "the `predictors` row needs --powerinfer",
+    );
+    fails_with(&["eval", "--sweep", "0.3"], "--sweep needs --sparse=predictors");
     fails_with(
         &["generate", "--prompt", "hi", "--storage", "q3"],
         "--storage",
@@ -84,8 +107,8 @@ fn bad_flags_and_files() {
     // Checked before anything is measured.
     fails_with(&["bench", "--plot", "speed.jpg"], "ending in .png");
     fails_with(
-        &["generate", "--input-target", "0.99"],
-        "'0.99' for '--input-target",
+        &["generate", "--target", "0.99"],
+        "'0.99' for '--target",
     );
     fails_with(
         &["eval", "--input-rules", "teal,gatefirst"],
@@ -173,8 +196,7 @@ fn eval_input_rules_with_attention() {
 }
 
 /// One default sparse mode: `eval` and `generate --sparse` run the input rule `demo` and
-/// `bench`'s `input` row run, unless `--sparsity` or `--threshold` ask for exact |h|
-/// thresholding.
+/// `bench`'s `input` row run, unless `--sparse=gate-first` asks for exact |h| thresholding.
 #[test]
 fn eval_and_generate_default_to_the_input_rule() {
     let small = [
@@ -207,13 +229,13 @@ fn eval_and_generate_default_to_the_input_rule() {
 
     let (ok, out, err) = powerinfer(
         &[
-            &["eval", "--threshold", "0.05", "--output", "json"][..],
+            &["eval", "--sparse=gate-first", "--threshold", "0.05", "--output", "json"][..],
             &small,
         ]
         .concat(),
     );
     assert!(ok, "{err}");
-    assert_eq!(json(&out)["mode"], "h", "{out}");
+    assert_eq!(json(&out)["mode"], "gate-first", "{out}");
 
     let (ok, _, err) = powerinfer(&[
         "generate",
@@ -235,10 +257,10 @@ fn eval_and_generate_default_to_the_input_rule() {
         "The capital of France is",
         "--max-tokens",
         "4",
-        "--sparse",
         "--calibration-tokens",
         "512",
-        "--input-target",
+        "--sparse=input",
+        "--target",
         "0.1",
     ]);
     assert!(ok, "{err}");
@@ -405,6 +427,7 @@ fn analyze_then_use_the_artifact() {
         "200",
         "--ctx",
         "100",
+        "--sparse=predictors",
         "--powerinfer",
         a,
         "--sweep",
@@ -447,7 +470,7 @@ fn analyze_then_use_the_artifact() {
         &[("POWERINFER_LAYOUTS", "columns")],
     );
     assert!(ok, "{err}");
-    assert!(out.contains("\"mode\":\"trained\""), "{out}");
+    assert!(out.contains("\"mode\":\"predictors\""), "{out}");
     assert!(
         out.lines().all(|l| l.starts_with('{')),
         "JSON lines only: {out}"
@@ -468,7 +491,7 @@ fn analyze_then_use_the_artifact() {
     let (ok, out, err) = powerinfer(&[
         "bench",
         "--modes",
-        "sparse",
+        "predictors",
         "--prompt-tokens",
         "8",
         "--decode-tokens",
@@ -483,7 +506,7 @@ fn analyze_then_use_the_artifact() {
         "0.5",
         "--prefetch-depth",
         "1",
-        "--predictor-sparsity",
+        "--target",
         "0.7",
         "--force-dense-layers",
         "0",
@@ -818,14 +841,17 @@ fn vram_budget_places_neurons_in_every_command() {
     let (ok, _, err) = gen(&["--sparse", "--vram-budget", "half"]);
     assert!(!ok && err.contains("not `half`"), "{err}");
     let (ok, _, err) = gen(&[
-        "--sparse",
-        "--sparsity",
+        "--sparse=gate-first",
+        "--target",
         "0.5",
         "--vram-budget",
         "50%",
         "--tier",
         "reference",
     ]);
-    assert!(!ok && err.contains("has its own tier in `bench`"), "{err}");
+    assert!(
+        !ok && err.contains("has its own tier in `bench --modes gate-first"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
