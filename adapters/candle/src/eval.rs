@@ -408,6 +408,28 @@ impl Llama {
         Ok(())
     }
 
+    /// One window from position 0 (the cache cleared), its logits handed to `f` in blocks of
+    /// rows (`f(first_row, logits)`): a window's logits whole are `[len, vocab]` (311 MB for 512
+    /// tokens on a 151936-token vocabulary). On the fused decoder the window also goes in steps
+    /// of [`RECORD_STEP`] positions, with the same bits as the whole window and a fraction of its
+    /// activation buffers.
+    fn window_logits(
+        &mut self,
+        w: &[u32],
+        mut f: impl FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        let step = match self.is_fused() {
+            true => RECORD_STEP,
+            false => w.len().max(1),
+        };
+        let block = logit_rows(self.config.vocab);
+        for (i, part) in w.chunks(step).enumerate() {
+            let at = i * step;
+            self.forward_all_each(part, at, block, |first, rows| f(at + first, rows))?;
+        }
+        Ok(())
+    }
+
     /// Runs `tokens` in independent windows of `chunk` tokens, handing each window's logits
     /// (`[len, vocab]`) and tokens to `f`.
     pub fn run_chunks(
@@ -459,7 +481,7 @@ impl Llama {
             }
             self.clear_kv_cache();
             let vocab = self.config.vocab;
-            self.forward_all_each(&window, 0, logit_rows(vocab), |first, block| {
+            self.window_logits(&window, |first, block| {
                 for (p, z) in (first..).zip(block.chunks_exact(vocab)) {
                     if p < ctx / 2 || p + 1 >= ctx {
                         continue;
@@ -491,9 +513,7 @@ impl Llama {
         let vocab = self.config.vocab;
         for w in self.windows(tokens, chunk) {
             self.clear_kv_cache();
-            // The logits in blocks of rows, each row's log-softmax alone: a window's logits
-            // whole are `[len, vocab]` (311 MB for 512 tokens on a 151936-token vocabulary).
-            self.forward_all_each(w, 0, logit_rows(vocab), |first, block| {
+            self.window_logits(w, |first, block| {
                 for (i, z) in (first..).zip(block.chunks_exact(vocab)) {
                     if i + 1 < w.len() {
                         let row = candle_core::Tensor::from_slice(z, vocab, &Device::Cpu)?;

@@ -176,6 +176,63 @@ fn logits_in_blocks_equal_the_whole_window() {
     }
 }
 
+/// Perplexity on the fused decoder runs each window in steps of positions (a fraction of the
+/// activation buffers): the same number, bit for bit, as scoring the window's logits whole,
+/// for windows shorter than, equal to and longer than a step, and for llama.cpp's rule.
+#[test]
+fn perplexity_in_steps_equals_the_whole_window() {
+    let dir = temp_dir("fused-ppl");
+    let path = dir.join("m.gguf");
+    write_gguf_llama(&path, &spec(GgmlDType::Q4_0, 4, 2, true, 9));
+    let mut m = load(&path, &FfnMode::Fused { threads: 2 });
+    let vocab = 80;
+    let text: Vec<u32> = (0..400u32).map(|i| (i * 37 + i / 7) % 80).collect();
+    // The reference: each window's logits whole, every row's log-softmax in f64.
+    let whole = |m: &mut Llama, chunk: usize| -> f64 {
+        let (mut nll, mut n) = (0f64, 0usize);
+        for w in text.chunks(chunk).filter(|w| w.len() >= 2) {
+            m.clear_kv_cache();
+            let z = m.forward_all(w, 0).unwrap().flatten_all().unwrap();
+            let z = z.to_vec1::<f32>().unwrap();
+            for (i, row) in z.chunks_exact(vocab).enumerate().take(w.len() - 1) {
+                let row = candle_core::Tensor::from_slice(row, vocab, &candle_core::Device::Cpu);
+                let lp = candle_nn::ops::log_softmax(&row.unwrap(), candle_core::D::Minus1);
+                let lp = lp.unwrap().get(w[i + 1] as usize).unwrap();
+                nll -= lp.to_scalar::<f32>().unwrap() as f64;
+                n += 1;
+            }
+        }
+        (nll / n as f64).exp()
+    };
+    for chunk in [40, 64, 65, 200] {
+        let got = m.perplexity(&text, chunk).unwrap();
+        assert_eq!(got.to_bits(), whole(&mut m, chunk).to_bits(), "windows of {chunk}");
+    }
+    // llama.cpp's rule scores the second half of each window: two windows of 150.
+    let a = m.perplexity_llama_cpp(&text, 150, 2, Some(1)).unwrap();
+    let mut refs = Vec::new();
+    for c in 0..2 {
+        let mut w = text[c * 150..(c + 1) * 150].to_vec();
+        w[0] = 1;
+        m.clear_kv_cache();
+        let z = m.forward_all(&w, 0).unwrap().flatten_all().unwrap();
+        refs.push((w, z.to_vec1::<f32>().unwrap()));
+    }
+    let mut sum = 0f64;
+    for (w, z) in &refs {
+        for (p, row) in z.chunks_exact(vocab).enumerate() {
+            if p < 75 || p + 1 >= 150 {
+                continue;
+            }
+            let mx = row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+            let s: f64 = row.iter().map(|&v| (v - mx).exp() as f64).sum();
+            sum += -((row[w[p + 1] as usize] - mx) as f64 - s.ln());
+        }
+    }
+    assert_eq!(a.scored, 2 * 74);
+    assert_eq!(a.ppl.to_bits(), (sum / a.scored as f64).exp().to_bits());
+}
+
 /// A position at or before the cached length rewinds; one past it is a typed error; tokens outside
 /// the vocabulary or context are typed errors too.
 #[test]
