@@ -140,7 +140,7 @@ fn products(c: &mut Criterion) {
                     g.bench_function(BenchmarkId::new(kind.name(), label), |b| {
                         b.iter(|| {
                             for m in &sparse {
-                                k.column_blocks(m, 0..m.units(), &xq, &a, &mut out)
+                                k.column_blocks_q8(m, 0..m.units(), &xq, &a, &mut out)
                             }
                         })
                     });
@@ -197,7 +197,7 @@ fn prompt(
         |b| {
             b.iter(|| {
                 for m in sparse {
-                    k.column_blocks_rows(m, 0..m.units(), &xs, &all, 2, &mut out)
+                    k.column_blocks_rows_q8(m, 0..m.units(), &xs, &all, 2, &mut out)
                 }
             })
         },

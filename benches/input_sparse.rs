@@ -173,8 +173,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ours = time_ms(iters, |i| {
             let (x, q, a) = &ins[i % 8];
             let l = &layers[i % layers_total];
-            k.columns(&l.cg, 0..l.cg.chunks(), x, q, a, &mut out);
-            k.columns(&l.cu, 0..l.cu.chunks(), x, q, a, &mut out);
+            k.column_matrix_q8(&l.cg, 0..l.cg.chunks(), x, q, a, &mut out);
+            k.column_matrix_q8(&l.cu, 0..l.cu.chunks(), x, q, a, &mut out);
         });
         let a = &ins[0].2;
         let bytes = 2 * layers[0].cg.bytes_read(a.columns().len(), a.blocks());
@@ -252,8 +252,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let none = QuantizedRow::default();
             let ours = time_ms(iters, |i| {
                 let (x, a) = &ins[i % 8];
-                k.columns(&gcol, 0..gcol.chunks(), x, &none, a, &mut out);
-                k.columns(&ucol, 0..ucol.chunks(), x, &none, a, &mut out);
+                k.column_matrix_q8(&gcol, 0..gcol.chunks(), x, &none, a, &mut out);
+                k.column_matrix_q8(&ucol, 0..ucol.chunks(), x, &none, a, &mut out);
             });
             let bytes = 2 * gcol.bytes_read(ins[0].1.columns().len(), 0);
             line("gate_up", "f16", kept, dense16, ours, bytes, bw);

@@ -69,7 +69,7 @@ fn kernels(c: &mut Criterion) {
 fn quantized(c: &mut Criterion) {
     use powerinfer::cpu::{QuantKind, QuantizedRow};
     // One SmolLM2 row (576 = 18 blocks) and one Llama-7B row (4096 = 128 blocks).
-    let mut g = c.benchmark_group("dot_q");
+    let mut g = c.benchmark_group("dot_gguf_q8");
     for n in [576usize, 4096] {
         let x: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
         let mut xq = QuantizedRow::default();
@@ -90,10 +90,10 @@ fn quantized(c: &mut Criterion) {
             for tier in SimdLevel::supported() {
                 let k = Kernels::new(tier).unwrap();
                 g.bench_function(BenchmarkId::new(format!("{kind:?}/{n}"), tier), |b| {
-                    b.iter(|| k.dot_q(kind, std::hint::black_box(&w), &xq))
+                    b.iter(|| k.dot_gguf_q8(kind, std::hint::black_box(&w), &xq))
                 });
                 g.bench_function(BenchmarkId::new(format!("{kind:?}/{n}/split"), tier), |b| {
-                    b.iter(|| k.dot_q_split(kind, std::hint::black_box(&split), &xq))
+                    b.iter(|| k.dot_split_q8(kind, std::hint::black_box(&split), &xq))
                 });
             }
         }

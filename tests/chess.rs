@@ -2,7 +2,7 @@
 //! against the dense `QLinear` FFN with the same neurons zeroed, on every SIMD level and thread
 //! count; its calibration, byte accounting and bad input.
 //!
-//! Tolerance: up's rows go through the block dot product (`Kernels::dot_q`), whose float result
+//! Tolerance: up's rows go through the block dot product (`Kernels::dot_gguf_q8`), whose float result
 //! can differ from the packed kernel's in the last bits (on real Q4_1 inputs most outputs do; on
 //! these random ones rarely), which can also move a quantized `h` value by a step. So the
 //! comparison is norm-relative, 1e-3 (a wrong neuron or block is far above it).

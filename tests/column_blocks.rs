@@ -44,8 +44,8 @@ fn product_bits(
     let split = split.min(u);
     let mut out = vec![f32::NAN; u * UNIT_ROWS];
     let (lo, hi) = out.split_at_mut(split * UNIT_ROWS);
-    k.column_blocks(m, 0..split, x, a, lo);
-    k.column_blocks(m, split..u, x, a, hi);
+    k.column_blocks_q8(m, 0..split, x, a, lo);
+    k.column_blocks_q8(m, split..u, x, a, hi);
     out[..m.rows()].iter().map(|v| v.to_bits()).collect()
 }
 
@@ -132,8 +132,8 @@ fn check_rows(
         let k = Kernels::new(tier).unwrap();
         let mut out = vec![f32::NAN; pieces * piece];
         let (lo, hi) = out.split_at_mut(split * piece);
-        k.column_blocks_rows(&m, 0..split * per, &xs, &all, per, lo);
-        k.column_blocks_rows(&m, split * per..m.units(), &xs, &all, per, hi);
+        k.column_blocks_rows_q8(&m, 0..split * per, &xs, &all, per, lo);
+        k.column_blocks_rows_q8(&m, split * per..m.units(), &xs, &all, per, hi);
         for (r, x) in xs.iter().enumerate() {
             for (i, row) in w.chunks_exact(rb).enumerate() {
                 let (u, l) = (i / UNIT_ROWS, i % UNIT_ROWS);
@@ -396,19 +396,19 @@ fn mismatched_inputs_compute_nothing() {
         xq.quantize_for(&x, BlockKind::Q4_0.inputs());
         a.of(BlockKind::Q4_0, &xq);
         let mut out = vec![7f32; 64];
-        k.column_blocks(&m, 0..2, &xq, &a, &mut out);
+        k.column_blocks_q8(&m, 0..2, &xq, &a, &mut out);
         assert!(
             out.iter().all(|&v| v == 7.0),
             "{tier}: 32-value input to Q4_K"
         );
         xq.quantize_for(&x[..255 / 32 * 32], BlockKind::Q4K.inputs());
         a.of(BlockKind::Q4K, &xq);
-        k.column_blocks(&m, 0..2, &xq, &a, &mut out);
+        k.column_blocks_q8(&m, 0..2, &xq, &a, &mut out);
         assert!(out.iter().all(|&v| v == 7.0), "{tier}: short input");
         xq.quantize_for(&x, BlockKind::Q4K.inputs());
         a.of(BlockKind::Q4K, &xq);
         let mut short = vec![7f32; 40];
-        k.column_blocks(&m, 0..2, &xq, &a, &mut short);
+        k.column_blocks_q8(&m, 0..2, &xq, &a, &mut short);
         assert!(
             short[..32].iter().all(|&v| v != 7.0),
             "{tier}: first unit computed"

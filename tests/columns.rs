@@ -39,8 +39,8 @@ fn tier_bits(
     let split = split.min(c);
     let mut out = vec![0f32; c * CHUNK];
     let (lo, hi) = out.split_at_mut(split * CHUNK);
-    k.columns(m, 0..split, x, xq, a, lo);
-    k.columns(m, split..c, x, xq, a, hi);
+    k.column_matrix_q8(m, 0..split, x, xq, a, lo);
+    k.column_matrix_q8(m, split..c, x, xq, a, hi);
     out[..m.rows()].iter().map(|v| v.to_bits()).collect()
 }
 

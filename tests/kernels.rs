@@ -245,8 +245,8 @@ mod quantized {
             let k = Kernels::new(tier).unwrap();
             // Q4_1's min term uses Q8_1's f16-rounded `d * sum(q)` (2^-10 of it at most).
             for (got, layout) in [
-                (k.dot_q(kind, &w, &xq), "gguf"),
-                (k.dot_q_split(kind, &split, &xq), "split"),
+                (k.dot_gguf_q8(kind, &w, &xq), "gguf"),
+                (k.dot_split_q8(kind, &split, &xq), "split"),
             ] {
                 let got = got as f64;
                 prop_assert!(
@@ -297,7 +297,7 @@ mod quantized {
                 let y0: Vec<f32> = (0..nb * QK).map(|i| i as f32 * 0.01).collect();
                 let (mut y, mut ys) = (y0.clone(), y0.clone());
                 k.axpy_q8_0(&mut y, a, &w);
-                k.axpy_q8_0_split(&mut ys, a, &split);
+                k.axpy_split_q8_0(&mut ys, a, &split);
                 for i in 0..nb * QK {
                     let r = y0[i] + a * wf[i];
                     let tol = 1e-5 * (y0[i].abs() + (a * wf[i]).abs() + 1e-6);
@@ -346,7 +346,7 @@ mod quantized {
                 let k = Kernels::new(tier).unwrap();
                 let y0: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
                 let mut y = y0.clone();
-                k.axpy4_q8_0_split(&mut y, a, std::array::from_fn(|j| &rows[j][..]));
+                k.axpy4_split_q8_0(&mut y, a, std::array::from_fn(|j| &rows[j][..]));
                 for i in 0..n {
                     let terms: Vec<f32> = (0..4).map(|j| a[j] * deq[j][i]).collect();
                     let r = y0[i] + terms.iter().sum::<f32>();

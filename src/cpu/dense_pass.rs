@@ -44,7 +44,7 @@ impl DensePass<'_> {
             BundleData::Quant { kind, bytes } => {
                 let kind = *kind;
                 self.run(which, out, &|row, r| {
-                    self.kernels.dot_q_split(kind, &bytes[row], &self.xq[r])
+                    self.kernels.dot_split_q8(kind, &bytes[row], &self.xq[r])
                 });
             }
         }

@@ -1,6 +1,6 @@
 //! Float weights kept row-major for dense products: the layout an input-sparse FFN gives a float
-//! matrix whose input it does not skip ([`crate::layout::Layout::Rows`]). A product reads every
-//! byte once, row by row. f32 rows run the `gemm` crate's matrix-vector product, the one
+//! matrix whose input it does not skip ([`crate::layout::Layout::Rows`]). Nothing skips: a
+//! product reads every byte once, row by row. f32 rows run the `gemm` crate's matrix-vector product, the one
 //! candle's f32 `matmul` runs for a token; f16 and bf16 rows (which `gemm` does not take with
 //! an f32 input) run the four-row dot kernels with the rows two groups ahead prefetched to L2.
 //!
@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
-use super::columns::{ColumnStorage, CHUNK};
+use super::column_matrix::{ColumnStorage, CHUNK};
 use super::kernels::{Kernels, RowElem};
 use crate::error::{Error, Result};
 

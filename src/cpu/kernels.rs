@@ -11,8 +11,8 @@ use half::{bf16, f16};
 
 use std::ops::Range;
 
-use super::colblocks::{self, ActiveChannels, ColumnBlocks};
-use super::columns::{self, ActiveColumns, ColumnData, ColumnMatrix};
+use super::column_blocks::{self, ActiveChannels, ColumnBlocks};
+use super::column_matrix::{self, ActiveColumns, ColumnData, ColumnMatrix};
 use super::packed::{self, PackedRows};
 use super::quant::{self, QuantKind, QuantizedRow, QK};
 use super::simd::{self, Scalar};
@@ -135,6 +135,16 @@ type Dot4Fn<E> = fn([&[E]; 4], &[f32]) -> [f32; 4];
 type Axpy4Fn<E> = fn(&mut [f32], [f32; 4], [&[E]; 4]);
 
 /// Row kernels of one tier. Lengths: both operands are cut to the shorter one.
+///
+/// A kernel's name says what it reads, ggml's way (`vec_dot_q4_K_q8_K`): the operation, the
+/// weights' layout or block type, then the input's. `dot_f16`: an f16 row against f32;
+/// `dot_gguf_q8`: a Q4_0 / Q4_1 / Q8_0 row as the file stores it against a Q8 input;
+/// `dot_split_q8`: the same blocks with their scales split out (`split_row`, the neuron
+/// bundles); `axpy_q8_0`, `axpy_split_q8_0`: `y += a w` from Q8_0 rows; `gemm_packed_q8`:
+/// [`PackedRows`] (every GGUF type the dense decoder runs) against Q8 or Q8_K inputs;
+/// `column_matrix_q8`: a [`ColumnMatrix`] (column-major Q4_0 / Q4_1 / Q8_0 with scale planes,
+/// or floats against f32); `column_blocks_q8`, `column_blocks_rows_q8`: [`ColumnBlocks`]
+/// (column-major GGUF blocks of every type) against Q8 or Q8_K inputs, one row or a prompt's.
 #[derive(Clone, Copy)]
 pub struct Kernels {
     tier: SimdLevel,
@@ -150,18 +160,18 @@ pub struct Kernels {
     axpy4_f32: Axpy4Fn<f32>,
     axpy4_f16: Axpy4Fn<f16>,
     axpy4_bf16: Axpy4Fn<bf16>,
-    dot_q: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
+    dot_gguf_q8: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
     axpy_q8_0: fn(&mut [f32], f32, &[u8]),
-    pub(crate) gemm_q: GemmFn,
-    pub(crate) columns_q: columns::ColumnsFn,
-    column_blocks_q: colblocks::ColumnBlocksFn,
-    column_blocks_rows_q: colblocks::ColumnBlocksRowsFn,
-    /// Whether `column_blocks_q` is a SIMD kernel (else the portable product).
+    pub(crate) gemm_packed_q8: GemmFn,
+    pub(crate) column_matrix_q8: column_matrix::ColumnsFn,
+    column_blocks_q8: column_blocks::ColumnBlocksFn,
+    column_blocks_rows_q8: column_blocks::ColumnBlocksRowsFn,
+    /// Whether `column_blocks_q8` is a SIMD kernel (else the portable product).
     column_blocks_simd: bool,
-    dot_qs: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
-    dot2_qs: fn(QuantKind, [&[u8]; 2], &QuantizedRow) -> [f32; 2],
-    axpy_qs: fn(&mut [f32], f32, &[u8]),
-    axpy4_qs: fn(&mut [f32], [f32; 4], [&[u8]; 4]),
+    dot_split_q8: fn(QuantKind, &[u8], &QuantizedRow) -> f32,
+    dot2_split_q8: fn(QuantKind, [&[u8]; 2], &QuantizedRow) -> [f32; 2],
+    axpy_split_q8_0: fn(&mut [f32], f32, &[u8]),
+    axpy4_split_q8_0: fn(&mut [f32], [f32; 4], [&[u8]; 4]),
 }
 
 /// The packed-matrix product (see `packed::gemm` for the contract the kernels rely on).
@@ -242,48 +252,48 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         if tier != SimdLevel::Scalar && SimdLevel::Avx2.is_supported() {
             // SAFETY (both): AVX2 and FMA were detected just above.
-            k.dot_q = |kind, w, x| unsafe { quant::avx2::dot(kind, w, x) };
+            k.dot_gguf_q8 = |kind, w, x| unsafe { quant::avx2::dot(kind, w, x) };
             k.axpy_q8_0 = |y, a, w| unsafe { quant::avx2::axpy_q8_0(y, a, w) };
             // SAFETY (six): AVX2, FMA and F16C are part of every tier above scalar (checked
             // above).
-            k.gemm_q = |p, g, x, o| unsafe { packed::x86::gemm_avx2(p, g, x, o) };
-            k.dot_qs = |kind, w, x| unsafe { split::x86::dot_avx2(kind, w, x) };
-            k.dot2_qs = |kind, w, x| unsafe {
+            k.gemm_packed_q8 = |p, g, x, o| unsafe { packed::x86::gemm_avx2(p, g, x, o) };
+            k.dot_split_q8 = |kind, w, x| unsafe { split::x86::dot_avx2(kind, w, x) };
+            k.dot2_split_q8 = |kind, w, x| unsafe {
                 [
                     split::x86::dot_avx2(kind, w[0], x),
                     split::x86::dot_avx2(kind, w[1], x),
                 ]
             };
-            k.axpy_qs = |y, a, w| unsafe { split::x86::axpy_avx2(y, a, w) };
-            k.axpy4_qs = |y, a, w| unsafe { split::x86::axpy4_avx2(y, a, w) };
-            k.columns_q = |m, c, x, a, o| unsafe { columns::x86::product_avx2(m, c, x, a, o) };
+            k.axpy_split_q8_0 = |y, a, w| unsafe { split::x86::axpy_avx2(y, a, w) };
+            k.axpy4_split_q8_0 = |y, a, w| unsafe { split::x86::axpy4_avx2(y, a, w) };
+            k.column_matrix_q8 = |m, c, x, a, o| unsafe { column_matrix::x86::product_avx2(m, c, x, a, o) };
         }
         // The integer products use AVX-512 VNNI where the AVX-512 tier has it.
         #[cfg(target_arch = "x86_64")]
         if tier == SimdLevel::Avx512 && has_vnni512() {
             // SAFETY (six): AVX-512F/BW/VL/VNNI detected by `has_vnni512`.
-            k.gemm_q = |p, g, x, o| unsafe { packed::x86::gemm_vnni(p, g, x, o) };
-            k.dot_qs = |kind, w, x| unsafe { split::x86::dot_vnni(kind, w, x) };
-            k.dot2_qs = |kind, w, x| unsafe { split::x86::dot2_vnni(kind, w, x) };
-            k.axpy_qs = |y, a, w| unsafe { split::x86::axpy_avx512(y, a, w) };
-            k.axpy4_qs = |y, a, w| unsafe { split::x86::axpy4_avx512(y, a, w) };
-            k.columns_q = |m, c, x, a, o| unsafe { columns::x86::product_vnni(m, c, x, a, o) };
+            k.gemm_packed_q8 = |p, g, x, o| unsafe { packed::x86::gemm_vnni(p, g, x, o) };
+            k.dot_split_q8 = |kind, w, x| unsafe { split::x86::dot_vnni(kind, w, x) };
+            k.dot2_split_q8 = |kind, w, x| unsafe { split::x86::dot2_vnni(kind, w, x) };
+            k.axpy_split_q8_0 = |y, a, w| unsafe { split::x86::axpy_avx512(y, a, w) };
+            k.axpy4_split_q8_0 = |y, a, w| unsafe { split::x86::axpy4_avx512(y, a, w) };
+            k.column_matrix_q8 = |m, c, x, a, o| unsafe { column_matrix::x86::product_vnni(m, c, x, a, o) };
         }
         // The column-block product also needs VBMI and BITALG (its gather), F16C and FMA.
         #[cfg(target_arch = "x86_64")]
-        if tier == SimdLevel::Avx512 && has_vnni512() && colblocks::x86::supported() {
+        if tier == SimdLevel::Avx512 && has_vnni512() && column_blocks::x86::supported() {
             // SAFETY: AVX-512F/BW/VL/VNNI detected by `has_vnni512`, the rest by `supported`.
-            k.column_blocks_q =
-                |m, u, x, a, o| unsafe { colblocks::row_x86::product_vnni(m, u, x, a, o) };
+            k.column_blocks_q8 =
+                |m, u, x, a, o| unsafe { column_blocks::row_x86::product_vnni(m, u, x, a, o) };
             // SAFETY: as above.
-            k.column_blocks_rows_q =
-                |m, u, x, a, p, o| unsafe { colblocks::x86::product_rows_vnni(m, u, x, a, p, o) };
+            k.column_blocks_rows_q8 =
+                |m, u, x, a, p, o| unsafe { column_blocks::x86::product_rows_vnni(m, u, x, a, p, o) };
             k.column_blocks_simd = true;
         }
         Ok(k)
     }
 
-    /// Whether [`Kernels::column_blocks`] runs a SIMD kernel on this tier (AVX-512 VNNI with
+    /// Whether [`Kernels::column_blocks_q8`] runs a SIMD kernel on this tier (AVX-512 VNNI with
     /// VBMI and BITALG); elsewhere it runs the portable product, several times slower.
     pub fn has_column_blocks_simd(&self) -> bool {
         self.column_blocks_simd
@@ -317,17 +327,17 @@ impl Kernels {
             axpy4_f32: |y, a, w| unsafe { simd::axpy4::<Scalar, f32>(y, a, w) },
             axpy4_f16: |y, a, w| unsafe { simd::axpy4::<Scalar, f16>(y, a, w) },
             axpy4_bf16: |y, a, w| unsafe { simd::axpy4::<Scalar, bf16>(y, a, w) },
-            dot_q: quant::dot_scalar,
+            dot_gguf_q8: quant::dot_scalar,
             axpy_q8_0: quant::axpy_q8_0_scalar,
-            gemm_q: packed::gemm_scalar,
-            columns_q: columns::product_scalar,
-            column_blocks_q: colblocks::product_scalar,
-            column_blocks_rows_q: colblocks::product_rows_scalar,
+            gemm_packed_q8: packed::gemm_scalar,
+            column_matrix_q8: column_matrix::product_scalar,
+            column_blocks_q8: column_blocks::product_scalar,
+            column_blocks_rows_q8: column_blocks::product_rows_scalar,
             column_blocks_simd: false,
-            dot_qs: split::dot_scalar,
-            dot2_qs: split::dot2_scalar,
-            axpy_qs: split::axpy_scalar,
-            axpy4_qs: split::axpy4_scalar,
+            dot_split_q8: split::dot_scalar,
+            dot2_split_q8: split::dot2_scalar,
+            axpy_split_q8_0: split::axpy_scalar,
+            axpy4_split_q8_0: split::axpy4_scalar,
         }
     }
 
@@ -337,7 +347,7 @@ impl Kernels {
     /// ([`QuantizedRow::quantize_for`] with `kind.inputs()`). Over an input whose skipped
     /// channels are zero this is the dense product of that input, bit for bit. Arguments that do
     /// not fit are cut to what fits; an input quantized for another block type computes nothing.
-    pub fn column_blocks(
+    pub fn column_blocks_q8(
         &self,
         m: &ColumnBlocks,
         units: Range<usize>,
@@ -345,17 +355,17 @@ impl Kernels {
         active: &ActiveChannels,
         out: &mut [f32],
     ) {
-        (self.column_blocks_q)(m, units, x, active, out)
+        (self.column_blocks_q8)(m, units, x, active, out)
     }
 
-    /// [`Kernels::column_blocks`] for every row of `xs` at once (a prompt's rows), reading each
+    /// [`Kernels::column_blocks_q8`] for every row of `xs` at once (a prompt's rows), reading each
     /// channel in `active` once per tile of rows: `active` must hold every channel where some row
     /// is nonzero ([`ActiveChannels::union_of`]). `out` is in pieces of `per` units: unit `u`
     /// (counted from `units.start`) of row `r` starts at `((u / per) * rows + r) * per * 32 + (u %
     /// per) * 32`, so pieces of `per` units can be split among threads. Each row's result is
-    /// [`Kernels::column_blocks`]'s for that row, bit for bit. Arguments that do not fit are cut
+    /// [`Kernels::column_blocks_q8`]'s for that row, bit for bit. Arguments that do not fit are cut
     /// to what fits (whole pieces of `out`).
-    pub fn column_blocks_rows(
+    pub fn column_blocks_rows_q8(
         &self,
         m: &ColumnBlocks,
         units: Range<usize>,
@@ -364,7 +374,7 @@ impl Kernels {
         per: usize,
         out: &mut [f32],
     ) {
-        (self.column_blocks_rows_q)(m, units, xs, active, per, out)
+        (self.column_blocks_rows_q8)(m, units, xs, active, per, out)
     }
 
     /// `out = W x` for the rows of `m` in chunks `chunks` (`out` holds `chunks.len() * 64`
@@ -372,7 +382,7 @@ impl Kernels {
     /// quantized by [`QuantizedRow::quantize`]; `active` must list its nonzero values, as
     /// [`ActiveColumns::of_quantized`] does), float ones `x` (`active` from
     /// [`ActiveColumns::of_f32`]). Arguments that do not fit are cut to what fits.
-    pub fn columns(
+    pub fn column_matrix_q8(
         &self,
         m: &ColumnMatrix,
         chunks: Range<usize>,
@@ -463,8 +473,8 @@ impl Kernels {
     }
 
     /// `w . x` for a quantized row against an input quantized with [`QuantizedRow::quantize`].
-    pub fn dot_q(&self, kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
-        (self.dot_q)(kind, w, x)
+    pub fn dot_gguf_q8(&self, kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
+        (self.dot_gguf_q8)(kind, w, x)
     }
 
     /// `y += a * w` for a Q8_0 row.
@@ -474,24 +484,24 @@ impl Kernels {
 
     /// `w . x` for a quantized row in the split layout ([`split_row`](crate::cpu::split_row): scales
     /// first, then values) against an input quantized with [`QuantizedRow::quantize`].
-    pub fn dot_q_split(&self, kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
-        (self.dot_qs)(kind, w, x)
+    pub fn dot_split_q8(&self, kind: QuantKind, w: &[u8], x: &QuantizedRow) -> f32 {
+        (self.dot_split_q8)(kind, w, x)
     }
 
     /// Two split rows against the same input (a neuron's gate and up): the input is read once.
-    pub fn dot2_q_split(&self, kind: QuantKind, w: [&[u8]; 2], x: &QuantizedRow) -> [f32; 2] {
-        (self.dot2_qs)(kind, w, x)
+    pub fn dot2_split_q8(&self, kind: QuantKind, w: [&[u8]; 2], x: &QuantizedRow) -> [f32; 2] {
+        (self.dot2_split_q8)(kind, w, x)
     }
 
     /// `y += a * w` for a Q8_0 row in the split layout.
-    pub fn axpy_q8_0_split(&self, y: &mut [f32], a: f32, w: &[u8]) {
-        (self.axpy_qs)(y, a, w)
+    pub fn axpy_split_q8_0(&self, y: &mut [f32], a: f32, w: &[u8]) {
+        (self.axpy_split_q8_0)(y, a, w)
     }
 
     /// `y += a[0] w[0] + .. + a[3] w[3]` for four Q8_0 rows in the split layout (the accumulator
     /// is read and written once for the four).
-    pub fn axpy4_q8_0_split(&self, y: &mut [f32], a: [f32; 4], w: [&[u8]; 4]) {
-        (self.axpy4_qs)(y, a, w)
+    pub fn axpy4_split_q8_0(&self, y: &mut [f32], a: [f32; 4], w: [&[u8]; 4]) {
+        (self.axpy4_split_q8_0)(y, a, w)
     }
 
     /// The dot kernel for storage element `E`.
@@ -536,12 +546,12 @@ pub(crate) fn gemm(
         // A short input row: the reference cuts each row to its own blocks.
         return packed::gemm_scalar(p, groups, xs, out);
     }
-    (k.gemm_q)(p, groups, xs, out)
+    (k.gemm_packed_q8)(p, groups, xs, out)
 }
 
-/// The column product's driver (the body of [`Kernels::columns`]):
+/// The column product's driver (the body of [`Kernels::column_matrix_q8`]):
 /// `out = W[rows of chunks, active] . x[active]` for the rows in `chunks` (`out` holds
-/// `chunks.len() * columns::CHUNK` values). Quantized matrices take `xq` (the input quantized by
+/// `chunks.len() * column_matrix::CHUNK` values). Quantized matrices take `xq` (the input quantized by
 /// [`QuantizedRow::quantize`], whose nonzero values `active` lists); float matrices take `x`.
 /// Arguments that do not fit (chunks past the matrix, a short `out` or input) are cut to what
 /// fits: never read or written out of bounds.
@@ -557,9 +567,9 @@ pub(crate) fn column_product(
     let end = chunks
         .end
         .min(m.chunks())
-        .min(chunks.start + out.len() / columns::CHUNK);
+        .min(chunks.start + out.len() / column_matrix::CHUNK);
     let chunks = chunks.start.min(end)..end;
-    let out = &mut out[..chunks.len() * columns::CHUNK];
+    let out = &mut out[..chunks.len() * column_matrix::CHUNK];
     let active = match active.iter().position(|&c| c as usize >= m.cols()) {
         Some(n) => &active[..n],
         None => active,
@@ -569,7 +579,7 @@ pub(crate) fn column_product(
             if xq.values().len() < m.cols() || xq.blocks() < m.cols() / QK {
                 return out.fill(0.0);
             }
-            (k.columns_q)(m, chunks, xq, active, out)
+            (k.column_matrix_q8)(m, chunks, xq, active, out)
         }
         ColumnData::F32(w) => float(k, w, m.pad(), chunks, x, active, out),
         ColumnData::F16(w) => float(k, w, m.pad(), chunks, x, active, out),
@@ -588,7 +598,7 @@ fn float<E: RowElem>(
     out: &mut [f32],
 ) {
     out.fill(0.0);
-    let rows = chunks.start * columns::CHUNK..chunks.end * columns::CHUNK;
+    let rows = chunks.start * column_matrix::CHUNK..chunks.end * column_matrix::CHUNK;
     let col = |c: u32| &w[c as usize * pad..][rows.clone()];
     let active = match active.iter().position(|&c| c as usize >= x.len()) {
         Some(n) => &active[..n],

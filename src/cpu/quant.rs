@@ -1,5 +1,7 @@
-//! GGUF block quantizations (Q4_0, Q4_1, Q8_0) for sparse rows: integer dot products against an
-//! input quantized once per token to 8 bits (as llama.cpp does), and `axpy` from Q8_0 rows.
+//! GGUF block quantizations (Q4_0, Q4_1, Q8_0) for sparse rows: integer dot products of a row as
+//! the file stores it against an input quantized once per token to 8 bits (as llama.cpp does;
+//! `Kernels::dot_gguf_q8`), and `axpy` from Q8_0 rows (`Kernels::axpy_q8_0`). What skips: whole
+//! rows, the ones a caller does not ask for.
 //!
 //! Block layouts are ggml's, 32 weights per block: Q4_0 `{d: f16, qs: [u8; 16]}` (value
 //! `d * (q - 8)`), Q4_1 `{d: f16, m: f16, qs: [u8; 16]}` (value `d * q + m`), Q8_0

@@ -108,7 +108,7 @@ impl SparseJob<'_> {
         let contribution = |b: &[u8], i: usize, r: usize| -> f32 {
             let xq = &self.xq[r];
             if both {
-                let [g, u] = k.dot2_q_split(kind, [&b[..rg], &b[rg..2 * rg]], xq);
+                let [g, u] = k.dot2_split_q8(kind, [&b[..rg], &b[rg..2 * rg]], xq);
                 let g = g + gate_bias.map_or(0.0, |b| b[i]);
                 return self.keep(act.gated(g, u + up_bias.map_or(0.0, |b| b[i])));
             }
@@ -116,9 +116,9 @@ impl SparseJob<'_> {
                 return 0.0;
             }
             let up =
-                || k.dot_q_split(kind, &b[up_at..up_at + rg], xq) + up_bias.map_or(0.0, |b| b[i]);
+                || k.dot_split_q8(kind, &b[up_at..up_at + rg], xq) + up_bias.map_or(0.0, |b| b[i]);
             if gated {
-                let g = k.dot_q_split(kind, &b[..rg], xq) + gate_bias.map_or(0.0, |b| b[i]);
+                let g = k.dot_split_q8(kind, &b[..rg], xq) + gate_bias.map_or(0.0, |b| b[i]);
                 if self.gate_passes(g) {
                     self.keep(act.gated(g, up()))
                 } else {
@@ -152,7 +152,7 @@ impl SparseJob<'_> {
                             p[*n] = (v, i);
                             *n += 1;
                             if *n == GROUP {
-                                k.axpy4_q8_0_split(
+                                k.axpy4_split_q8_0(
                                     &mut st.acc[r * h..(r + 1) * h],
                                     p.map(|(v, _)| v),
                                     p.map(|(_, i)| down_of(i)),
@@ -166,7 +166,7 @@ impl SparseJob<'_> {
             for r in rb..re {
                 let n = std::mem::take(&mut waiting[r - rb]);
                 for &(v, i) in &pending[r - rb][..n] {
-                    k.axpy_q8_0_split(&mut st.acc[r * h..(r + 1) * h], v, down_of(i));
+                    k.axpy_split_q8_0(&mut st.acc[r * h..(r + 1) * h], v, down_of(i));
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! Quantized rows with their block scales split out: the layout of the sparse FFN's quantized
-//! neuron bundles.
+//! neuron bundles. What skips: whole rows, one neuron's (`Kernels::dot_split_q8` against a Q8
+//! input, `Kernels::axpy_split_q8_0` from Q8_0 rows).
 //!
 //! A row of `nb` GGUF blocks is stored as the blocks' scales (`nb` f16), for Q4_1 then their
 //! minimums (`nb` f16), then the blocks' values back to back (16 bytes per Q4 block, low nibbles

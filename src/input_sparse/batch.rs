@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 
-use super::columns::{chunked_at as at, Columns, Inputs};
+use super::matrix::{chunked_at as at, Columns, Inputs};
 use super::{InputSparseFfn, InputThresholds, Scratch};
 use crate::cpu::CHUNK;
 

@@ -4,7 +4,7 @@
 //!
 //! Skipping a neuron's up skips one *row* of up, so in this layout up is kept as the file's
 //! rows (GGUF blocks, row-major, the file's bytes) instead of columns, and it has no input rule.
-//! A kept row is one block dot product (`Kernels::dot_q`, scalar), whose float result can differ
+//! A kept row is one block dot product (`Kernels::dot_gguf_q8`, scalar), whose float result can differ
 //! from the packed kernel's in the last bits (on SmolLM2's Q4_1 FFN inputs most outputs do), so
 //! this path equals the dense FFN to rounding, not bit for bit. It is an evaluated rule, not a tuned one:
 //! on SmolLM2 it lost to TEAL at every budget (`docs/sparse-modes.md`).
@@ -76,7 +76,7 @@ impl InputSparseFfn {
         tier: Option<SimdLevel>,
     ) -> Result<Self> {
         let (h, n) = (spec.hidden, spec.intermediate);
-        let (kind, data) = super::columns::blocks(up, "up_proj.weight", n, h)?;
+        let (kind, data) = super::matrix::blocks(up, "up_proj.weight", n, h)?;
         if h % kind.block_elems() != 0 {
             return Err(Error::shape(
                 "up_proj.weight columns (a multiple of the block size)",

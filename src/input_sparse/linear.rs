@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Module, Tensor};
 
-use super::columns::{chunked_at, Inputs};
+use super::matrix::{chunked_at, Inputs};
 use super::record::Recorder;
 use super::{Columns, Input, WeightTraffic};
 use crate::analysis::Histogram;
@@ -103,7 +103,7 @@ impl InputSparseLinear {
             &data,
             "InputSparseLinear weight",
             &kernels,
-            super::columns::slab_rows(rows, 1, threads),
+            super::matrix::slab_rows(rows, 1, threads),
         )?;
         let bias = match bias {
             Some(b) if b.dims() != [rows] => {

@@ -29,7 +29,7 @@ use crate::tensor_io::{check_f32_rows, forward_tensor};
 
 mod batch;
 mod chess;
-mod columns;
+mod matrix;
 mod greedy;
 mod hot;
 mod linear;
@@ -39,8 +39,8 @@ mod rule;
 
 pub use chess::ChessRule;
 use chess::Up;
-pub use columns::Layout;
-use columns::{Columns, Input};
+pub use matrix::Layout;
+use matrix::{Columns, Input};
 pub use greedy::{GreedyPath, GreedyStep};
 pub use hot::{hot_count, hot_neuron_bytes, hot_neurons, HotNeurons, HOT_GROUP};
 pub use linear::InputSparseLinear;
@@ -322,8 +322,8 @@ impl InputSparseFfn {
                 .transpose()
         };
         // Gate and up run in one dispatch (up alone without a gate), down alone.
-        let su = columns::slab_rows(nr.max(1), 1 + usize::from(gate.is_some()), threads);
-        let sd = columns::slab_rows(h, 1, threads);
+        let su = matrix::slab_rows(nr.max(1), 1 + usize::from(gate.is_some()), threads);
+        let sd = matrix::slab_rows(h, 1, threads);
         let gate = gate
             .map(|g| {
                 let c = cut(g, "gate_proj.weight")?;

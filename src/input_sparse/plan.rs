@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use candle_core::quantized::QTensor;
 
-use super::columns::{self, blocks, Columns, Input, Layout};
+use super::matrix::{self, blocks, Columns, Input, Layout};
 use crate::cpu::{BlockKind, Kernels, Pool, SimdLevel, CHUNK};
 use crate::error::{Error, Result};
 
@@ -283,7 +283,7 @@ impl LayoutPlanner {
             d.rows_ms = self.median(&flush, &dense, &whole);
             return Ok(d);
         }
-        let slab = columns::slab_rows(rows, copies, self.pool.threads());
+        let slab = matrix::slab_rows(rows, copies, self.pool.threads());
         let sparse = (0..copies)
             .map(|_| Columns::from_blocks(kind, rows, cols, data, name, &self.kernels, slab))
             .collect::<Result<Vec<_>>>()?;

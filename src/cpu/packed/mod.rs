@@ -1,4 +1,6 @@
 //! Row-interleaved GGUF blocks for dense matrix-vector (and small matrix-matrix) products.
+//! Nothing skips: a product reads every byte (`Kernels::gemm_packed_q8`, against Q8 or Q8_K
+//! inputs).
 //!
 //! A matrix of `rows x cols` weights in one GGUF block type ([`BlockKind`]: Q4_0, Q4_1, Q8_0,
 //! Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) is stored in groups of [`PACK`] = 16 rows. For group `g` and

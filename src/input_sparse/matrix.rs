@@ -297,7 +297,7 @@ impl Columns {
             Columns::Blocks { m, .. } => {
                 let per = CHUNK / crate::cpu::UNIT_ROWS;
                 let units = chunks.start * per..chunks.end * per;
-                k.column_blocks(m, units, &x.q, &x.channels, out);
+                k.column_blocks_q8(m, units, &x.q, &x.channels, out);
             }
             Columns::Matrix(m) => {
                 crate::cpu::column_product(k, m, chunks, &x.x, &x.q, x.columns.columns(), out)
@@ -327,7 +327,7 @@ impl Columns {
             Columns::Blocks { m, .. } => {
                 let per = CHUNK / crate::cpu::UNIT_ROWS;
                 let units = chunks.start * per..chunks.end * per;
-                k.column_blocks_rows(m, units, &xs.q[..n], &xs.union, per, out);
+                k.column_blocks_rows_q8(m, units, &xs.q[..n], &xs.union, per, out);
             }
             Columns::Matrix(m) => {
                 let cols = m.cols();

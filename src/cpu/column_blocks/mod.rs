@@ -1,6 +1,7 @@
 //! Column-major GGUF blocks of every block type the dense decoder runs, for input-sparse
 //! products `y = W x` that read only the input channels (columns) whose quantized value is
-//! nonzero: the skip unit is one channel.
+//! nonzero. What skips: one input channel's column per zero input (`Kernels::column_blocks_q8`,
+//! against a Q8 or Q8_K input).
 //!
 //! A `rows x cols` matrix is stored in slabs of [`SLAB_ROWS`] rows (rows padded to
 //! [`UNIT_ROWS`]), each slab a matrix of its own, so that a product over one slab's rows reads
@@ -458,7 +459,7 @@ impl ActiveChannels {
     }
 
     /// The union of `sets` (each from [`ActiveChannels::of`] for a matrix of `kind`): the
-    /// channels a product over several rows reads ([`crate::cpu::Kernels::column_blocks_rows`]).
+    /// channels a product over several rows reads ([`crate::cpu::Kernels::column_blocks_rows_q8`]).
     pub fn union_of<'a>(&mut self, kind: BlockKind, sets: impl IntoIterator<Item = &'a Self>) {
         // A bit per channel, then the set bits in order: no sort of rows x channels entries.
         self.seen.clear();

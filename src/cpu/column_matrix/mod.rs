@@ -1,5 +1,7 @@
 //! Column-major matrices for input-sparse products: `y = W x` where most of `x` is zero, reading
-//! only the columns of `W` whose input is nonzero.
+//! only the columns of `W` whose input is nonzero. What skips: one column (the weights one input
+//! feeds) per zero input (`Kernels::column_matrix_q8`: Q4_0 / Q4_1 / Q8_0 against a Q8 input,
+//! floats against f32).
 //!
 //! A matrix of `rows x cols` weights is stored column by column (column `c` holds `W[:, c]`, the
 //! `rows` weights one input feeds), each column padded to a multiple of [`CHUNK`] = 64 rows. A
