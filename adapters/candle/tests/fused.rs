@@ -187,7 +187,7 @@ fn perplexity_in_steps_equals_the_whole_window() {
     let mut m = load(&path, &FfnMode::Fused { threads: 2 });
     let vocab = 80;
     let text: Vec<u32> = (0..400u32).map(|i| (i * 37 + i / 7) % 80).collect();
-    // The reference: each window's logits whole, every row's log-softmax in f64.
+    // The reference: each window's logits whole, each row's log-softmax, the sum in f64.
     let whole = |m: &mut Llama, chunk: usize| -> f64 {
         let (mut nll, mut n) = (0f64, 0usize);
         for w in text.chunks(chunk).filter(|w| w.len() >= 2) {

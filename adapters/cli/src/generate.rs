@@ -22,8 +22,9 @@ pub(crate) fn run(a: &GenerateArgs) -> Result<()> {
         if a.sparse.vram_budget.is_some() {
             bail!("--vram-budget places the sparse mode's neurons: add --sparse");
         }
-        if a.model.threshold.is_some() || a.model.powerinfer.is_some() {
-            bail!("--threshold and --powerinfer set the sparse mode: add --sparse=MODE");
+        let m = &a.model;
+        if m.threshold.is_some() || m.target.0.is_some() || m.powerinfer.is_some() {
+            bail!("--threshold, --target and --powerinfer set the sparse mode: add --sparse=MODE");
         }
     }
     let sparse = a.sparse.mode;

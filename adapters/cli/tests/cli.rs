@@ -81,10 +81,9 @@ fn bad_flags_and_files() {
         &["generate", "--prompt", "hi", "--sparse=input", "--threshold", "0.1"],
         "use --sparse=gate-first",
     );
-    fails_with(
-        &["generate", "--prompt", "hi", "--threshold", "0.1"],
-        "add --sparse=MODE",
-    );
+    for (flag, value) in [("--threshold", "0.1"), ("--target", "0.2")] {
+        fails_with(&["generate", "--prompt", "hi", flag, value], "add --sparse=MODE");
+    }
     fails_with(
         &["eval", "--sparse=predictors"],
         "--sparse=predictors needs --powerinfer",
