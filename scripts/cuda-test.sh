@@ -14,12 +14,18 @@ cd "$(dirname "$0")/.."
 eval "$(scripts/cuda-toolchain.sh --env)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 
+# One build of the candle stack with CUDA serves the engine's tests and the CLI: both packages
+# in one selection, so cargo unifies their features once (built apart, the CLI's dependencies
+# and the tests' dev-dependencies set different features below candle, and candle with its CUDA
+# kernels was built twice). The CLI's `cli` test target is built, not run, for the binary.
+sel=(-p powerinfer -p powerinfer-cli --features powerinfer/cuda,powerinfer-cli/cuda --lib
+  --test cuda --test tiers --test layout)
+cargo test --release "${sel[@]}" --test cli --no-run
 # The engine's CUDA tier: device layouts (unit tests), the tier against the CPU tier (skipped
-# without a GPU), the tier seam and the layout rules with the feature on.
-cargo test --release -p powerinfer --features cuda --lib --test cuda --test tiers --test layout
+# without a GPU), the tier seam and the layout rules with the feature on; the CLI's unit tests.
+cargo test --release "${sel[@]}"
 
 # The CLI built with CUDA: on a machine without a GPU a tier row says why it ran on the CPU.
-cargo build --release -p powerinfer-cli --features cuda
 out="$("$CARGO_TARGET_DIR/release/powerinfer" bench --modes gate-first --threshold 0.02 --threads 2 \
   --prompt-tokens 8 --decode-tokens 2 --runs 1 --vram-budget 25% 2>&1)"
 if nvidia-smi >/dev/null 2>&1; then

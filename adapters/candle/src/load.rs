@@ -357,8 +357,8 @@ impl Support {
                 input_sparse: None,
             });
         }
-        let mut gguf = GgufFile::open(path)?;
-        let cfg = gguf_config_header(&mut gguf)?;
+        let gguf = GgufFile::open(path)?;
+        let cfg = gguf_config_header(&gguf)?;
         let fused = not_fused(&gguf, &cfg);
         Ok(Support {
             candle: cfg.gemma3.as_ref().map(|_| GEMMA3_FUSED_ONLY.into()),
@@ -376,7 +376,7 @@ const GEMMA3_FUSED_ONLY: &str = "Gemma 3 runs on the fused decoder only: FfnMode
      FfnMode::Hybrid with powerinfer_linears (and a storage its FFN blocks allow, e.g. f16)";
 
 /// The header's config as [`gguf_config`] adjusts it, without reading any tensor.
-fn gguf_config_header(gguf: &mut GgufFile) -> Result<LlamaConfig> {
+fn gguf_config_header(gguf: &GgufFile) -> Result<LlamaConfig> {
     let mut cfg = LlamaConfig::from_gguf(&gguf.content)?;
     adjust_config(gguf, &mut cfg);
     Ok(cfg)

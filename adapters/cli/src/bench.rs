@@ -390,7 +390,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     // the reason is printed and the run goes on.
     let mut fused = true;
     if want(BenchMode::All) {
-        match load(&path, &settings.mode()) {
+        match load(&path, &settings.hybrid_ffn_mode()) {
             Ok(mut all) => {
                 rows.push(measure(
                     &mut all.model,
@@ -411,9 +411,10 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         || (!named && settings.artifact.is_some());
     if want(BenchMode::GateFirst) || predictors {
         let which = [want(BenchMode::GateFirst), predictors];
+        let row = if which[0] { "gate-first" } else { "predictors" };
         match measure_sparse(&path, &settings, &prompt, a, &mut rows, which) {
             Ok(f) => fused &= f,
-            Err(e) => skipped("gate-first", e)?,
+            Err(e) => skipped(row, e)?,
         }
     }
     mark(&mut rows);

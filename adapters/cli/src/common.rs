@@ -105,8 +105,9 @@ impl SparseSettings {
         self.target.unwrap_or(GATE_FIRST_AUTO)
     }
 
-    /// The loader's FFN mode (thresholds are set after loading).
-    pub fn mode(&self) -> FfnMode {
+    /// The loader's FFN mode for the neuron-major modes (`all`, `gate-first`, `predictors`; the
+    /// thresholds and predictors are set after loading).
+    pub fn hybrid_ffn_mode(&self) -> FfnMode {
         FfnMode::Hybrid {
             storage: self.storage,
             predictor: Neurons::All,
@@ -458,7 +459,7 @@ impl Sparse {
 /// [`SparseMode::Predictors`] the artifact's trained predictors and placement on top. An artifact
 /// is checked against the model file's hash.
 pub(crate) fn load_sparse(path: &Path, s: &SparseSettings) -> Result<Sparse> {
-    let mut m = load(path, &s.mode())?;
+    let mut m = load(path, &s.hybrid_ffn_mode())?;
     let layers = m.model.config().layers;
     let artifact = match &s.artifact {
         Some(p) => {
