@@ -266,7 +266,8 @@ impl Kernels {
             };
             k.axpy_split_q8_0 = |y, a, w| unsafe { split::x86::axpy_avx2(y, a, w) };
             k.axpy4_split_q8_0 = |y, a, w| unsafe { split::x86::axpy4_avx2(y, a, w) };
-            k.column_matrix_q8 = |m, c, x, a, o| unsafe { column_matrix::x86::product_avx2(m, c, x, a, o) };
+            k.column_matrix_q8 =
+                |m, c, x, a, o| unsafe { column_matrix::x86::product_avx2(m, c, x, a, o) };
         }
         // The integer products use AVX-512 VNNI where the AVX-512 tier has it.
         #[cfg(target_arch = "x86_64")]
@@ -277,7 +278,8 @@ impl Kernels {
             k.dot2_split_q8 = |kind, w, x| unsafe { split::x86::dot2_vnni(kind, w, x) };
             k.axpy_split_q8_0 = |y, a, w| unsafe { split::x86::axpy_avx512(y, a, w) };
             k.axpy4_split_q8_0 = |y, a, w| unsafe { split::x86::axpy4_avx512(y, a, w) };
-            k.column_matrix_q8 = |m, c, x, a, o| unsafe { column_matrix::x86::product_vnni(m, c, x, a, o) };
+            k.column_matrix_q8 =
+                |m, c, x, a, o| unsafe { column_matrix::x86::product_vnni(m, c, x, a, o) };
         }
         // The column-block product also needs VBMI and BITALG (its gather), F16C and FMA.
         #[cfg(target_arch = "x86_64")]
@@ -286,8 +288,9 @@ impl Kernels {
             k.column_blocks_q8 =
                 |m, u, x, a, o| unsafe { column_blocks::row_x86::product_vnni(m, u, x, a, o) };
             // SAFETY: as above.
-            k.column_blocks_rows_q8 =
-                |m, u, x, a, p, o| unsafe { column_blocks::x86::product_rows_vnni(m, u, x, a, p, o) };
+            k.column_blocks_rows_q8 = |m, u, x, a, p, o| unsafe {
+                column_blocks::x86::product_rows_vnni(m, u, x, a, p, o)
+            };
             k.column_blocks_simd = true;
         }
         Ok(k)

@@ -29,21 +29,21 @@ use crate::tensor_io::{check_f32_rows, forward_tensor};
 
 mod batch;
 mod chess;
-mod matrix;
 mod greedy;
 mod hot;
 mod linear;
+mod matrix;
 mod plan;
 mod record;
 mod rule;
 
 pub use chess::ChessRule;
 use chess::Up;
-pub use matrix::Layout;
-use matrix::{Columns, Input};
 pub use greedy::{GreedyPath, GreedyStep};
 pub use hot::{hot_count, hot_neuron_bytes, hot_neurons, HotNeurons, HOT_GROUP};
 pub use linear::InputSparseLinear;
+pub use matrix::Layout;
+use matrix::{Columns, Input};
 pub use plan::{FfnMatrix, LayoutDecision, LayoutPlanner, Layouts, MARGIN, REPEATS};
 use record::Recorder;
 pub use rule::{

@@ -206,7 +206,11 @@ fn perplexity_in_steps_equals_the_whole_window() {
     };
     for chunk in [40, 64, 65, 200] {
         let got = m.perplexity(&text, chunk).unwrap();
-        assert_eq!(got.to_bits(), whole(&mut m, chunk).to_bits(), "windows of {chunk}");
+        assert_eq!(
+            got.to_bits(),
+            whole(&mut m, chunk).to_bits(),
+            "windows of {chunk}"
+        );
     }
     // llama.cpp's rule scores the second half of each window: two windows of 150.
     let a = m.perplexity_llama_cpp(&text, 150, 2, Some(1)).unwrap();
@@ -280,7 +284,10 @@ fn fused_needs_integer_blocks() {
     assert!(e.to_string().contains("output.weight"), "{e}");
     // The header says so before any load, in the load's words.
     let s = Support::of(&path).unwrap();
-    let why = s.fused.clone().expect("an f32 file is not on the fused decoder");
+    let why = s
+        .fused
+        .clone()
+        .expect("an f32 file is not on the fused decoder");
     assert!(e.to_string().contains(&why), "{e} / {why}");
     assert_eq!(s.input_sparse, s.fused);
     assert_eq!(s.candle, None);
@@ -297,7 +304,10 @@ fn fused_needs_integer_blocks() {
     std::fs::create_dir_all(&hf).unwrap();
     common::write_model(&hf, &common::tensors(), &common::config_json("silu", 64));
     let s = Support::of(&hf).unwrap();
-    assert!(s.fused.is_some() && s.candle.is_none() && s.input_sparse.is_none(), "{s:?}");
+    assert!(
+        s.fused.is_some() && s.candle.is_none() && s.input_sparse.is_none(),
+        "{s:?}"
+    );
     assert!(Support::of(&dir.join("missing.gguf")).is_err());
     let m = load(
         &path,

@@ -299,7 +299,10 @@ mod tests {
         }
         assert!(mode("threshold").is_err());
         // `sparse`, the gate-first row's old name, still selects it.
-        assert_eq!(BenchMode::from_str("sparse", false), Ok(BenchMode::GateFirst));
+        assert_eq!(
+            BenchMode::from_str("sparse", false),
+            Ok(BenchMode::GateFirst)
+        );
         assert_eq!(BenchMode::GateFirst.name(), "gate-first");
     }
 }

@@ -407,8 +407,8 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     mark(&mut rows);
     // The neuron-major sparse rows: exact thresholding, and the predictors where an artifact is
     // given (or they are named, which without one is an error).
-    let predictors = a.modes.contains(&BenchMode::Predictors)
-        || (!named && settings.artifact.is_some());
+    let predictors =
+        a.modes.contains(&BenchMode::Predictors) || (!named && settings.artifact.is_some());
     if want(BenchMode::GateFirst) || predictors {
         let which = [want(BenchMode::GateFirst), predictors];
         let row = if which[0] { "gate-first" } else { "predictors" };
@@ -635,7 +635,13 @@ fn measure_sparse(
         if mode == SparseMode::Predictors {
             sp.use_trained(settings.target)?;
         }
-        let mut row = measure(&mut sp.m.model, prompt, a.decode_tokens, a.runs, mode.name())?;
+        let mut row = measure(
+            &mut sp.m.model,
+            prompt,
+            a.decode_tokens,
+            a.runs,
+            mode.name(),
+        )?;
         add_sparsity(&mut row, &mut sp.m.model, prompt, a)?;
         rows.push(row);
     }

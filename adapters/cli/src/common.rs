@@ -72,9 +72,9 @@ impl SparseSettings {
         }
         let quantiles = powerinfer::analysis::QUANTILE_MAX;
         match a.target.0 {
-            Some(t) if mode == SparseMode::Predictors && t > quantiles => bail!(
-                "--target {t}: the artifact's quantiles reach {quantiles} for the predictors"
-            ),
+            Some(t) if mode == SparseMode::Predictors && t > quantiles => {
+                bail!("--target {t}: the artifact's quantiles reach {quantiles} for the predictors")
+            }
             _ => {}
         }
         if let Some(p) = &a.powerinfer {

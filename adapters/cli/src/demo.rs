@@ -5,8 +5,8 @@ use anyhow::Result;
 use powerinfer_candle::{FfnMode, GenerateOptions, Generation, Support};
 
 use crate::common::{chatml, load, load_dense, model_path, stream, Loaded, SparseSettings};
-use crate::SparseMode;
 use crate::DemoArgs;
+use crate::SparseMode;
 
 /// One mode's run, for the summary.
 struct Run {

@@ -123,7 +123,9 @@ pub(crate) fn run(a: &EvalArgs) -> Result<()> {
         return input_sweep(a, &path, &settings, rules, &text, ppl_dense, scoring);
     }
     if settings.mode == SparseMode::Input {
-        return default_run(&path, &settings, &text, a.ctx, scoring, ppl_dense, &a.sparse);
+        return default_run(
+            &path, &settings, &text, a.ctx, scoring, ppl_dense, &a.sparse,
+        );
     }
     let mut sp = load_sparse(&path, &settings)?;
     if settings.mode == SparseMode::GateFirst {

@@ -581,7 +581,9 @@ pub(crate) fn resolve_mode(
             eprintln!("no input-sparse FFN for this file ({why}); exact |h| thresholding instead");
             Ok(SparseMode::GateFirst)
         }
-        (Some(why), _) => anyhow::bail!("--sparse=input: no input-sparse FFN for this file ({why})"),
+        (Some(why), _) => {
+            anyhow::bail!("--sparse=input: no input-sparse FFN for this file ({why})")
+        }
     }
 }
 
@@ -608,7 +610,6 @@ pub(crate) fn load_sparse_mode(
         mode,
     })
 }
-
 
 /// Puts `sm`'s FFN neurons (the default sparse mode, loaded from `path`) on the device of
 /// `hot.tier` within `hot.vram_budget`, as `hot.placement` says (nothing without a budget).

@@ -78,11 +78,21 @@ fn bad_flags_and_files() {
         "[possible values: auto, input, gate-first, predictors]",
     );
     fails_with(
-        &["generate", "--prompt", "hi", "--sparse=input", "--threshold", "0.1"],
+        &[
+            "generate",
+            "--prompt",
+            "hi",
+            "--sparse=input",
+            "--threshold",
+            "0.1",
+        ],
         "use --sparse=gate-first",
     );
     for (flag, value) in [("--threshold", "0.1"), ("--target", "0.2")] {
-        fails_with(&["generate", "--prompt", "hi", flag, value], "add --sparse=MODE");
+        fails_with(
+            &["generate", "--prompt", "hi", flag, value],
+            "add --sparse=MODE",
+        );
     }
     fails_with(
         &["eval", "--sparse=predictors"],
@@ -92,7 +102,10 @@ fn bad_flags_and_files() {
         &["bench", "--modes", "predictors"],
         "the `predictors` row needs --powerinfer",
     );
-    fails_with(&["eval", "--sweep", "0.3"], "--sweep needs --sparse=predictors");
+    fails_with(
+        &["eval", "--sweep", "0.3"],
+        "--sweep needs --sparse=predictors",
+    );
     fails_with(
         &["generate", "--prompt", "hi", "--storage", "q3"],
         "--storage",
@@ -105,10 +118,7 @@ fn bad_flags_and_files() {
     fails_with(&["bench", "--peer", "vllm"], "[possible values: llama.cpp]");
     // Checked before anything is measured.
     fails_with(&["bench", "--plot", "speed.jpg"], "ending in .png");
-    fails_with(
-        &["generate", "--target", "0.99"],
-        "'0.99' for '--target",
-    );
+    fails_with(&["generate", "--target", "0.99"], "'0.99' for '--target");
     fails_with(
         &["eval", "--input-rules", "teal,gatefirst"],
         "[possible values: teal, wina, h, chess]",
@@ -228,7 +238,14 @@ fn eval_and_generate_default_to_the_input_rule() {
 
     let (ok, out, err) = powerinfer(
         &[
-            &["eval", "--sparse=gate-first", "--threshold", "0.05", "--output", "json"][..],
+            &[
+                "eval",
+                "--sparse=gate-first",
+                "--threshold",
+                "0.05",
+                "--output",
+                "json",
+            ][..],
             &small,
         ]
         .concat(),
