@@ -77,7 +77,7 @@ pub use generate::{generate, GenerateOptions, Generation};
 pub use gguf::GgufFile;
 pub use hot::{ffn_file_bytes, hot_device, HotPlacement, HotReport};
 pub use input_rule::{InputRuleOptions, TargetSearch, TargetTrial};
-pub use load::{load_gguf, load_safetensors, open, FfnMode, Support};
+pub use load::{load_gguf, load_safetensors, open, read_config, FfnMode, Support};
 pub use model::{DecodeBytes, DenseFfn, Ffn, FfnProbe, KernelFfn, Llama, Timings};
 pub use pipeline::{analyze, Analysis, AnalyzeOptions, Progress};
 pub use powerinfer::layout::Layouts;

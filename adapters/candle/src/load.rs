@@ -350,7 +350,7 @@ impl Support {
     /// Reads the header of `path` (a `.gguf` file, or a directory with `config.json`).
     pub fn of(path: &Path) -> Result<Self> {
         if path.is_dir() {
-            let cfg = LlamaConfig::from_hf_json(&path.join("config.json"))?;
+            let cfg = read_config(path)?;
             return Ok(Support {
                 fused: Some(SAFETENSORS_NOT_FUSED.into()),
                 candle: cfg.gemma3.as_ref().map(|_| GEMMA3_FUSED_ONLY.into()),
@@ -365,6 +365,15 @@ impl Support {
             input_sparse: fused.clone(),
             fused,
         })
+    }
+}
+
+/// A model's configuration from its header alone, as the loader reads it before any tensor: a
+/// GGUF file's metadata (with PowerInfer's adjustments), or a directory's `config.json`.
+pub fn read_config(path: &Path) -> Result<LlamaConfig> {
+    match path.is_dir() {
+        true => LlamaConfig::from_hf_json(&path.join("config.json")),
+        false => gguf_config_header(&GgufFile::open(path)?),
     }
 }
 

@@ -7,7 +7,9 @@ mod common;
 use candle_core::quantized::GgmlDType;
 use common::{temp_dir, write_gguf_llama, write_gguf_llama_with_heads, GgufSpec};
 use powerinfer::HybridOptions;
-use powerinfer_candle::{load_gguf, ErrorKind, FfnMode, GgufFile, Llama, Neurons, Support};
+use powerinfer_candle::{
+    load_gguf, read_config, ErrorKind, FfnMode, GgufFile, Llama, Neurons, Support,
+};
 
 fn load(path: &std::path::Path, mode: &FfnMode) -> Llama {
     load_gguf(&mut GgufFile::open(path).unwrap(), mode).unwrap()
@@ -299,6 +301,9 @@ fn fused_needs_integer_blocks() {
         input_sparse: None,
     };
     assert_eq!(Support::of(&ok).unwrap(), all);
+    // The header's config, as the load reads it.
+    let cfg = read_config(&ok).unwrap();
+    assert_eq!((cfg.hidden, cfg.intermediate, cfg.layers), (64, 96, 2));
     // A safetensors checkpoint: candle's ops and the input-sparse FFN (f16 columns), not fused.
     let hf = dir.join("hf");
     std::fs::create_dir_all(&hf).unwrap();
@@ -309,6 +314,7 @@ fn fused_needs_integer_blocks() {
         "{s:?}"
     );
     assert!(Support::of(&dir.join("missing.gguf")).is_err());
+    assert_eq!(read_config(&hf).unwrap().hidden, common::HIDDEN);
     let m = load(
         &path,
         &FfnMode::Hybrid {

@@ -435,11 +435,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     peer_run(&mut lcpp)?;
     let bw_end = powerinfer::cpu::read_bandwidth(threads);
     // The rows have run: a config that cannot be read again only leaves the KV term out.
-    let config = match gguf {
-        true => powerinfer_candle::GgufFile::open(&path)
-            .and_then(|g| powerinfer_candle::LlamaConfig::from_gguf(&g.content)),
-        false => powerinfer_candle::LlamaConfig::from_hf_json(&path.join("config.json")),
-    };
+    let config = powerinfer_candle::read_config(&path);
     let positions = prompt.len() + a.decode_tokens;
     let info = RunInfo {
         file_bytes: crate::memory::file_bytes(&path),
